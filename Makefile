@@ -1,0 +1,48 @@
+# sdbench: `make run` (the main job) and `make test` (the whole suite) each install what they need first.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+# The CPU torch wheel lies on local disk on the development machines; never pull a multi-GB CUDA
+# build onto a machine without an NVIDIA driver.
+CPU_TORCH ?= torch==2.13.0
+STAMP := .make-installed
+
+.PHONY: install run test gpu-test lint clean
+
+install: $(STAMP)
+
+# Three cases, decided by what imports:
+#  1. no torch: install one (CPU build without a driver, the default CUDA build with one), then (2).
+#  2. a CPU torch, or a machine with network: pip install -e .[test].
+#  3. a CUDA torch with the project's deps already present (the GPU host, no network): install
+#     offline with --no-deps --no-build-isolation so nothing hides or replaces that torch; polars
+#     comes from carried wheels in .whl/ when present.
+$(STAMP): pyproject.toml
+	@if ! $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
+	  if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install torch; else $(PIP) install "$(CPU_TORCH)"; fi; \
+	fi
+	@if $(PYTHON) -c "import torch, typer, rich, pyarrow, sys; sys.exit(0 if torch.version.cuda else 1)" >/dev/null 2>&1; then \
+	  echo "CUDA torch found: offline install that keeps it"; \
+	  $(PIP) install -q --no-deps --no-build-isolation -e . ; \
+	  if ls .whl/*.whl >/dev/null 2>&1; then $(PIP) install -q --no-index --no-deps --no-compile .whl/*.whl; fi; \
+	else \
+	  $(PIP) install -q -e ".[test]"; \
+	fi
+	@touch $(STAMP)
+
+run: install
+	$(PYTHON) -m sdbench doctor || true
+	$(PYTHON) -m sdbench parity --quick
+	$(PYTHON) -m sdbench sweep --preset quick --out results/make-run
+	$(PYTHON) -m sdbench report results/make-run --out results/make-run/report
+
+test: install
+	$(PYTHON) -m pytest -q tests
+
+gpu-test: install
+	$(PYTHON) -m pytest -q -m gpu tests
+
+lint: install
+	$(PYTHON) -m ruff check sdbench tests
+
+clean:
+	rm -rf $(STAMP) build *.egg-info results

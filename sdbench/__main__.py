@@ -1,0 +1,3 @@
+from sdbench.cli import main
+
+main()

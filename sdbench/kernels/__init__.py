@@ -1,0 +1,1 @@
+"""Implementations, one module per backend family; importing a module registers its entries."""

@@ -1,0 +1,192 @@
+"""Parity: every implementation against the reference, bit-exact for integers and packed KV.
+
+`check(impl, workload)` is the single comparison used by `sdbench parity`, the sweep (before timing
+a config) and the GPU tests. Outputs are poisoned before the run: buffers an implementation owns are
+filled with garbage by `poison`, and an implementation that leaves a slot unwritten fails.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from sdbench import reference
+from sdbench.registry import Implementation, Outputs
+from sdbench.workload import VerifyConfig, VerifyWorkload, make_verify_workload
+
+# Values no correct kernel writes: negative lengths, a token outside any vocabulary, NaN-free KV
+# garbage with a recognisable bit pattern.
+POISON_INT = -7777
+POISON_KV = -12345.0
+
+MAX_KV_BYTES = 512 * 2**20  # configs whose draft KV would exceed this are skipped (and counted)
+
+
+def poison(outputs: Outputs) -> None:
+    """Fill every output buffer with values that no correct implementation produces."""
+    for tensor in outputs.values():
+        if tensor.dtype == torch.bool:
+            tensor.copy_(torch.randint(0, 2, tensor.shape, device=tensor.device, dtype=torch.bool))
+        elif tensor.is_floating_point():
+            tensor.fill_(POISON_KV)
+        else:
+            tensor.fill_(POISON_INT)
+
+
+def expected_outputs(op: str, workload: VerifyWorkload) -> Outputs:
+    """The reference answer for op on workload (float64-free: every op here is exact)."""
+    w = workload
+    if op == "verify":
+        return reference.verify(w.draft_tokens, w.target_tokens)
+    if op == "pack":
+        return reference.pack(w.draft_kv, w.accepted_lengths)
+    if op == "verify_pack":
+        return reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv)
+    raise ValueError(f"no greedy reference for operation {op!r}")
+
+
+def compare(expected: Outputs, actual: Outputs) -> str | None:
+    """None when actual equals expected bit for bit; else a one-line description of the first diff.
+
+    packed_kv is compared on its first sum(k_i) rows: kernels write into a preallocated [B·γ, kv_dim]
+    buffer whose tail is unspecified.
+    """
+    for name, want in expected.items():
+        if name not in actual:
+            return f"{name}: missing from the outputs"
+        got = actual[name]
+        if name == "packed_kv":
+            got = got[: want.shape[0]]
+        if got.shape != want.shape:
+            return f"{name}: shape {tuple(got.shape)} != expected {tuple(want.shape)}"
+        if got.dtype != want.dtype:
+            return f"{name}: dtype {got.dtype} != expected {want.dtype}"
+        got_bits, want_bits = _as_bits(got), _as_bits(want)
+        differs = got_bits != want_bits
+        if bool(differs.any()):
+            index = tuple(int(i) for i in torch.nonzero(differs)[0])
+            count = int(differs.sum())
+            return (
+                f"{name}: {count} of {want.numel()} elements differ; first at {list(index)}: "
+                f"got {got[index].item()}, expected {want[index].item()}"
+            )
+    return None
+
+
+def _as_bits(tensor: torch.Tensor) -> torch.Tensor:
+    """Compare floats by bit pattern (bit-exact, NaN-safe), other dtypes as they are."""
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        return tensor.contiguous().view(torch.int16)
+    if tensor.dtype == torch.float32:
+        return tensor.contiguous().view(torch.int32)
+    return tensor
+
+
+def check(impl: Implementation, workload: VerifyWorkload) -> str | None:
+    """Run impl once on workload (outputs poisoned first) and compare with the reference."""
+    run = impl.prepare(workload)
+    buffers = getattr(run, "outputs", None)  # prepared runs that own buffers expose them for poisoning
+    if buffers is not None:
+        poison(buffers)
+    actual = run()
+    return compare(expected_outputs(impl.op, workload), actual)
+
+
+# --- grids -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParityGrid:
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 32, 33, 256, 4096)
+    gammas: tuple[int, ...] = (1, 3, 8, 31, 32, 33, 64, 128, 1024)
+    alphas: tuple[float, ...] = (0.0, 0.3, 0.6, 0.9, 1.0)
+    kv_dims: tuple[int, ...] = (8, 120, 128, 2048)
+    dists: tuple[str, ...] = ("binomial", "geometric")
+    token_dtypes: tuple[str, ...] = ("int64", "int32")
+    kv_dtypes: tuple[str, ...] = ("float16", "bfloat16")
+
+
+QUICK_GRID = ParityGrid(
+    batch_sizes=(1, 33, 256),
+    gammas=(1, 31, 33, 128),
+    alphas=(0.0, 0.6, 1.0),
+    kv_dims=(8, 120),
+    dists=("geometric",),
+    token_dtypes=("int64", "int32"),
+    kv_dtypes=("float16",),
+)
+
+
+def configs_for(op: str, grid: ParityGrid, seed: int = 0) -> Iterator[VerifyConfig]:
+    """Every config of grid that op needs (verify ignores KV widths and KV dtypes)."""
+    kv_dims = grid.kv_dims if op != "verify" else (0,)
+    kv_dtypes = grid.kv_dtypes if op != "verify" else ("float16",)
+    token_dtypes = grid.token_dtypes if op != "pack" else ("int64",)
+    points = itertools.product(
+        grid.batch_sizes, grid.gammas, grid.alphas, kv_dims, grid.dists, token_dtypes, kv_dtypes
+    )
+    for index, (batch, gamma, alpha, kv_dim, dist, token_dtype, kv_dtype) in enumerate(points):
+        yield VerifyConfig(
+            batch_size=batch, gamma=gamma, alpha=alpha, kv_dim=kv_dim, dist=dist,
+            token_dtype=token_dtype, kv_dtype=kv_dtype, seed=seed + index,
+        )
+
+
+@dataclass
+class ParityTally:
+    passed: int = 0
+    failed: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    first_failure: str | None = None
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+def run_parity(
+    impls: list[Implementation], grid: ParityGrid, device: str, seed: int = 0, progress=None
+) -> dict[tuple[str, str], ParityTally]:
+    """Check every impl on every config of grid; one workload per config serves all of its impls."""
+    tallies = {impl.key: ParityTally() for impl in impls}
+    ops = sorted({impl.op for impl in impls})
+    for op in ops:
+        op_impls = [impl for impl in impls if impl.op == op]
+        for cfg in configs_for(op, grid, seed):
+            if cfg.kv_bytes > MAX_KV_BYTES:
+                for impl in op_impls:
+                    tallies[impl.key].skip("KV over 512 MiB")
+                if progress:
+                    progress()
+                continue
+            runnable = []
+            for impl in op_impls:
+                reason = impl.unavailable_reason(device, cfg)
+                if reason is None:
+                    runnable.append(impl)
+                else:
+                    tallies[impl.key].skip(reason)
+            if runnable:
+                workload = make_verify_workload(cfg, device)
+                for impl in runnable:
+                    _check_into(tallies[impl.key], impl, workload)
+            if progress:
+                progress()
+    return tallies
+
+
+def _check_into(tally: ParityTally, impl: Implementation, workload: VerifyWorkload) -> None:
+    try:
+        failure = check(impl, workload)
+    except Exception as err:  # a crashing kernel is a failed case, not a crashed run
+        failure = f"raised {type(err).__name__}: {err}"
+    if failure is None:
+        tally.passed += 1
+        return
+    tally.failed += 1
+    if tally.first_failure is None:
+        tally.first_failure = f"{workload.config}: {failure}"
+
+
+def count_configs(op: str, grid: ParityGrid) -> int:
+    return sum(1 for _ in configs_for(op, grid))

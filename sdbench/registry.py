@@ -1,0 +1,142 @@
+"""The one registry of every implementation sdbench can run, keyed by (operation, name).
+
+Adding a kernel means adding one `register(Implementation(...))` call in its module under
+`sdbench/kernels/`; `list`, `parity`, `sweep` and `profile` all see it from here.
+
+`prepare(workload)` does every allocation up front and returns a zero-argument callable that runs
+the implementation once and returns its outputs as a dict (names in sdbench.reference), so timing
+never includes allocation (except where allocation is the method, e.g. `draft_kv[mask]`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from sdbench.errors import SdbenchError, closest
+from sdbench.workload import VerifyConfig, VerifyWorkload
+
+OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify")
+BACKENDS = ("torch", "cuda", "triton")
+
+# Modules whose import registers implementations. Each module registers its own entries.
+IMPLEMENTATION_MODULES = (
+    "sdbench.kernels.torch_impls",
+    "sdbench.kernels.cuda_impls",
+    "sdbench.kernels.triton_impls",
+    "sdbench.kernels.prob_impls",
+)
+
+Outputs = dict[str, torch.Tensor]
+PreparedRun = Callable[[], Outputs]
+
+
+class BufferedRun:
+    """A prepared run that writes into preallocated output buffers.
+
+    `outputs` is exposed so parity can poison the buffers before a run; calling it launches the
+    implementation and returns those same buffers.
+    """
+
+    def __init__(self, launch: Callable[[], None], outputs: Outputs) -> None:
+        self.launch = launch
+        self.outputs = outputs
+
+    def __call__(self) -> Outputs:
+        self.launch()
+        return self.outputs
+
+
+def _no_reason(_: object) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    op: str
+    name: str
+    backend: str
+    description: str
+    prepare: Callable[[VerifyWorkload], PreparedRun]
+    devices: tuple[str, ...] = ("cuda",)  # device types it runs on
+    probe: Callable[[torch.device], str | None] = _no_reason  # why it cannot run on this device
+    supports: Callable[[VerifyConfig], str | None] = _no_reason  # why it cannot run this config
+    sync: bool = False  # syncs the host (data-dependent shape, .item()): never graph-captured
+    peer: bool = False  # a baseline a user would pick instead of sdbench's kernels
+    launches: int | None = None  # kernel launches per call, where known
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.op, self.name)
+
+    def unavailable_reason(self, device: str | torch.device, config: VerifyConfig | None = None) -> str | None:
+        """None when it can run here (and on config, if given); else a human reason."""
+        device = torch.device(device)
+        if device.type not in self.devices:
+            if self.devices == ("cuda",):
+                return "needs a CUDA device" if device.type == "cuda" or not torch.cuda.is_available() else (
+                    "runs on CUDA only (use --device cuda)"
+                )
+            return f"runs on {'/'.join(self.devices)} only"
+        reason = self.probe(device)
+        if reason is None and config is not None:
+            reason = self.supports(config)
+        return reason
+
+
+_REGISTRY: dict[tuple[str, str], Implementation] = {}
+_loaded = False
+
+
+def register(impl: Implementation) -> Implementation:
+    if impl.op not in OPERATIONS:
+        raise ValueError(f"unknown operation {impl.op!r}")
+    if impl.backend not in BACKENDS:
+        raise ValueError(f"unknown backend {impl.backend!r}")
+    if impl.key in _REGISTRY:
+        raise ValueError(f"implementation {impl.key} registered twice")
+    _REGISTRY[impl.key] = impl
+    return impl
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in IMPLEMENTATION_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:  # a module that exists but fails to import is a bug: say so
+                raise
+
+
+def implementations(op: str | None = None) -> list[Implementation]:
+    """Every registered implementation (of op, if given), in registration order."""
+    _load()
+    return [impl for impl in _REGISTRY.values() if op is None or impl.op == op]
+
+
+def get(op: str, name: str) -> Implementation:
+    _load()
+    if op not in OPERATIONS:
+        raise SdbenchError(f"unknown operation {op!r}{closest(op, list(OPERATIONS))}; choose one of {', '.join(OPERATIONS)}")
+    impl = _REGISTRY.get((op, name))
+    if impl is None:
+        names = [i.name for i in implementations(op)]
+        raise SdbenchError(
+            f"unknown implementation {name!r} for operation {op!r}{closest(name, names)}; "
+            f"known: {', '.join(names)}"
+        )
+    return impl
+
+
+def select(op: str, names: list[str] | None) -> list[Implementation]:
+    """The named implementations of op (all of them when names is None or empty)."""
+    if not names:
+        return implementations(op)
+    return [get(op, name) for name in names]

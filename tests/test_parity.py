@@ -1,0 +1,76 @@
+"""Parity machinery on the CPU: the torch implementations pass, and a wrong one is caught."""
+
+import torch
+
+from sdbench import parity, registry
+from sdbench.registry import BufferedRun, Implementation
+from sdbench.workload import VerifyConfig, make_verify_workload
+
+
+def test_torch_implementations_pass_quick_grid():
+    impls = [impl for impl in registry.implementations() if impl.backend == "torch" and impl.op != "prob_verify"]
+    grid = parity.ParityGrid(batch_sizes=(1, 5), gammas=(1, 33), alphas=(0.0, 0.5, 1.0), kv_dims=(8,),
+                             token_dtypes=("int32",), kv_dtypes=("bfloat16",))
+    tallies = parity.run_parity(impls, grid, "cpu")
+    for key, tally in tallies.items():
+        assert tally.failed == 0, (key, tally.first_failure)
+        assert tally.passed > 0, key
+
+
+def _off_by_one_verify(w):
+    def launch():
+        out["accepted_lengths"].copy_(torch.clamp(w.accepted_lengths - 1, min=0))
+        out["has_mismatch"].copy_(w.accepted_lengths < w.config.gamma)
+        out["next_tokens"].copy_(w.target_tokens.gather(1, w.accepted_lengths[:, None]).squeeze(1))
+
+    out = {
+        "accepted_lengths": torch.empty_like(w.accepted_lengths),
+        "has_mismatch": torch.empty(w.config.batch_size, dtype=torch.bool),
+        "next_tokens": torch.empty(w.config.batch_size, dtype=w.target_tokens.dtype),
+    }
+    return BufferedRun(launch, out)
+
+
+def _lazy_verify(w):
+    """Writes nothing: poisoning must expose it."""
+    out = {
+        "accepted_lengths": torch.empty_like(w.accepted_lengths),
+        "has_mismatch": torch.empty(w.config.batch_size, dtype=torch.bool),
+        "next_tokens": torch.empty(w.config.batch_size, dtype=w.target_tokens.dtype),
+    }
+    return BufferedRun(lambda: None, out)
+
+
+def test_wrong_implementation_fails_with_a_diff():
+    wrong = Implementation(op="verify", name="off_by_one", backend="torch", description="", devices=("cpu",),
+                           prepare=_off_by_one_verify)
+    workload = make_verify_workload(VerifyConfig(16, 8, 0.9, seed=3), "cpu")
+    failure = parity.check(wrong, workload)
+    assert failure is not None and failure.startswith("accepted_lengths")
+
+
+def test_unwritten_outputs_fail_because_of_poison():
+    lazy = Implementation(op="verify", name="lazy", backend="torch", description="", devices=("cpu",),
+                          prepare=_lazy_verify)
+    workload = make_verify_workload(VerifyConfig(16, 8, 0.5, seed=4), "cpu")
+    assert parity.check(lazy, workload) is not None
+
+
+def test_packed_kv_compared_bitwise_on_accepted_rows_only():
+    workload = make_verify_workload(VerifyConfig(4, 8, 0.5, kv_dim=3, seed=5), "cpu")
+    expected = parity.expected_outputs("pack", workload)
+    total = expected["packed_kv"].shape[0]
+    padded = torch.full((4 * 8, 3), parity.POISON_KV, dtype=torch.float16)
+    padded[:total] = expected["packed_kv"]
+    assert parity.compare(expected, {**expected, "packed_kv": padded}) is None
+    if total:
+        padded[total - 1, 0] = -padded[total - 1, 0] if padded[total - 1, 0] != 0 else 1.0
+        assert "packed_kv" in parity.compare(expected, {**expected, "packed_kv": padded})
+
+
+def test_oversized_kv_is_skipped_and_counted():
+    impl = registry.get("pack", "torch_eager")
+    grid = parity.ParityGrid(batch_sizes=(4096,), gammas=(1024,), alphas=(0.5,), kv_dims=(2048,),
+                             dists=("binomial",), token_dtypes=("int64",), kv_dtypes=("float16",))
+    tally = parity.run_parity([impl], grid, "cpu")[impl.key]
+    assert tally.skipped == {"KV over 512 MiB": 1}
