@@ -26,6 +26,7 @@ from sdbench.errors import SdbenchError
 DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace")
 TOKEN_DTYPES = {"int64": torch.int64, "int32": torch.int32}
 KV_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+PROB_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_VOCAB_SIZE = 32000
 
 
@@ -44,6 +45,9 @@ class VerifyConfig:
     token_dtype: str = "int64"
     kv_dtype: str = "float16"
     seed: int = 0
+    # prob_verify only: dtype of the p / q distributions, and whether they are given as log-probs.
+    prob_dtype: str = "float32"
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -76,6 +80,8 @@ def validate_config(cfg: VerifyConfig) -> None:
         raise SdbenchError(f"token dtype must be one of {', '.join(TOKEN_DTYPES)}, got {cfg.token_dtype!r}")
     if cfg.kv_dtype not in KV_DTYPES:
         raise SdbenchError(f"KV dtype must be one of {', '.join(KV_DTYPES)}, got {cfg.kv_dtype!r}")
+    if cfg.prob_dtype not in PROB_DTYPES:
+        raise SdbenchError(f"probability dtype must be one of {', '.join(PROB_DTYPES)}, got {cfg.prob_dtype!r}")
     if cfg.token_dtype == "int32" and cfg.vocab_size > 2**31 - 1:
         raise SdbenchError("vocab size does not fit int32 tokens; use --token-dtype int64")
     if cfg.dist == "fixed":
@@ -186,3 +192,14 @@ def make_verify_workload(cfg: VerifyConfig, device: str | torch.device = "cpu") 
         accepted_lengths=accepted_lengths.to(device),
         draft_kv=draft_kv,
     )
+
+
+def make_workload(op: str, cfg: VerifyConfig, device: str | torch.device = "cpu"):
+    """The workload an operation runs on: greedy ops share VerifyWorkload; prob_verify has its own."""
+    if op == "prob_verify":
+        return make_prob_workload(cfg, device)
+    return make_verify_workload(cfg, device)
+
+
+def make_prob_workload(cfg: VerifyConfig, device: str | torch.device = "cpu"):
+    raise SdbenchError("prob_verify workloads are not implemented yet")
