@@ -15,7 +15,7 @@ import torch
 
 from sdbench import reference
 from sdbench.registry import Implementation, Outputs
-from sdbench.workload import VerifyConfig, VerifyWorkload, make_verify_workload
+from sdbench.workload import VerifyConfig, VerifyWorkload, make_workload
 
 # Values no correct kernel writes: negative lengths, a token outside any vocabulary, NaN-free KV
 # garbage with a recognisable bit pattern.
@@ -167,7 +167,7 @@ def run_parity(
                 else:
                     tallies[impl.key].skip(reason)
             if runnable:
-                workload = make_verify_workload(cfg, device)
+                workload = make_workload(op, cfg, device)
                 for impl in runnable:
                     _check_into(tallies[impl.key], impl, workload)
             if progress:
