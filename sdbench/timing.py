@@ -1,0 +1,391 @@
+"""The only timing code: three views of the same prepared callables, interleaved, every sample kept.
+
+Views (one per way a serving engine pays for the work):
+- `wall`:  a CUDA-event pair around each eager call, with the device idle before the call, so the
+           host's launch cost is inside the pair — what a host-driven decode loop pays.
+- `graph`: the callable captured once in a CUDA graph, an event pair around each replay — what a
+           graph-captured serving engine pays. Callables that sync the host cannot be captured.
+- `gpu`:   device time only: CUPTI (torch.profiler) kernel, memcpy and memset durations summed per
+           iteration, over a bounded number of iterations (the profiler's post-processing is the cost).
+- `cpu`:   on a CPU device, `time.perf_counter_ns` around each call.
+
+Every view runs its callables round-robin (the start rotates each round), so drift on a shared,
+virtualised machine lands on all of them alike; the launch floor (an empty kernel) is just one more
+callable in the rotation. Timing knows nothing about workloads, the registry or parquet: it takes
+zero-argument callables and returns per-iteration samples in microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+LAUNCH_FLOOR = "launch_floor"
+CUDA_VIEWS = ("wall", "graph", "gpu")
+CPU_VIEWS = ("cpu",)
+
+# Eager calls made on a side stream before capture: lazy init (cuBLAS handles, Triton autotuning,
+# allocator growth) must not happen inside the capture.
+CAPTURE_WARMUP_CALLS = 3
+_MARK = "sdbench-iter:"  # torch.profiler annotation prefix of one timed iteration
+CPU_FLUSH_BYTES = 64 * 2**20  # larger than the last-level cache of the CI machines
+
+
+# --- statistics --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stats:
+    median_us: float
+    p95_us: float
+    min_us: float
+    mean_us: float
+    std_us: float  # sample standard deviation (n - 1); 0.0 for a single sample
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's default)."""
+    if not samples:
+        raise ValueError("percentile of no samples")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    ordered = sorted(samples)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(samples_us: Sequence[float]) -> Stats | None:
+    """median / p95 / min / mean / std of the samples; None when there are none."""
+    if not samples_us:
+        return None
+    count = len(samples_us)
+    mean = math.fsum(samples_us) / count
+    variance = math.fsum((x - mean) ** 2 for x in samples_us) / (count - 1) if count > 1 else 0.0
+    return Stats(
+        median_us=percentile(samples_us, 50.0),
+        p95_us=percentile(samples_us, 95.0),
+        min_us=min(samples_us),
+        mean_us=mean,
+        std_us=math.sqrt(variance),
+    )
+
+
+# --- results -----------------------------------------------------------------------------------
+@dataclass
+class ViewResult:
+    """One callable in one view: every sample, or why there are none."""
+
+    samples_us: list[float] = field(default_factory=list)
+    status: str = "ok"  # ok | unavailable (cannot be measured this way) | error (raised while timing)
+    reason: str | None = None
+
+    @property
+    def stats(self) -> Stats | None:
+        return summarize(self.samples_us) if self.status == "ok" else None
+
+
+Timings = dict[str, dict[str, ViewResult]]  # callable name -> view -> result
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    warmup: int = 20
+    iters: int = 200
+    gpu_iters: int = 50  # iterations profiled for the gpu view (capped at iters)
+    cold_l2: bool = False  # write a buffer of 2x L2 between iterations, outside the timed region
+    views: tuple[str, ...] | None = None  # None: every view of the device
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.iters < 1:
+            raise ValueError(f"iters must be >= 1, got {self.iters}")
+        if self.gpu_iters < 1:
+            raise ValueError(f"gpu_iters must be >= 1, got {self.gpu_iters}")
+
+
+def views_for(device: str | torch.device, options: TimingOptions | None = None) -> tuple[str, ...]:
+    """The views measured on device (the options' subset, if given)."""
+    native = CUDA_VIEWS if torch.device(device).type == "cuda" else CPU_VIEWS
+    if options is None or options.views is None:
+        return native
+    unknown = [view for view in options.views if view not in native]
+    if unknown:
+        raise ValueError(f"view(s) {unknown} cannot be measured on {device}; choose from {native}")
+    return tuple(view for view in native if view in options.views)
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _rotation(names: list[str], round_index: int) -> list[str]:
+    if not names:
+        return names
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
+# --- cold L2 -----------------------------------------------------------------------------------
+def l2_flush(device: str | torch.device) -> Callable[[], None]:
+    """A callable that evicts the cache by writing a buffer of at least 2x its size."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
+        size = 2 * l2_bytes
+    else:
+        size = CPU_FLUSH_BYTES
+    buffer = torch.empty(size, dtype=torch.int8, device=device)
+    return buffer.zero_
+
+
+# --- the launch floor --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaunchFloor:
+    """An empty kernel launch (run is None, with the reason, where none can be launched)."""
+
+    run: Callable[[], None] | None
+    backend: str  # cuda (the extension's empty kernel) or triton (fallback: Triton's launcher costs more host time)
+    reason: str | None = None
+
+
+def launch_floor(device: str | torch.device) -> LaunchFloor:
+    """The cheapest launch available on device: the CUDA extension's empty kernel, else Triton's."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return LaunchFloor(None, "cuda", "no kernel launch on a CPU device")
+    reasons = []
+    try:
+        from sdbench import ext
+
+        reason = ext.unavailable_reason()
+        if reason is None:
+            from sdbench.kernels.cuda_impls import launch_empty
+
+            launch_empty()
+            torch.cuda.synchronize(device)
+            return LaunchFloor(launch_empty, "cuda")
+        reasons.append(f"CUDA extension: {reason}")
+    except Exception as err:  # the extension is optional: fall back, and say why
+        reasons.append(f"CUDA extension: {_describe(err)}")
+    try:
+        from sdbench.kernels.triton_impls import launch_empty as launch_empty_triton
+
+        launch_empty_triton()
+        torch.cuda.synchronize(device)
+        return LaunchFloor(launch_empty_triton, "triton", "; ".join(reasons) or None)
+    except Exception as err:
+        reasons.append(f"Triton: {_describe(err)}")
+    return LaunchFloor(None, "cuda", "no empty kernel could be launched (" + "; ".join(reasons) + ")")
+
+
+# --- the views ---------------------------------------------------------------------------------
+def measure(
+    callables: Mapping[str, Callable[[], object]],
+    device: str | torch.device,
+    options: TimingOptions | None = None,
+    *,
+    not_capturable: Mapping[str, str] | None = None,
+) -> Timings:
+    """Time every callable in every view of device, round-robin within each view.
+
+    not_capturable maps a name to the reason it must not be captured in a CUDA graph (it syncs the
+    host, or it replays a graph of its own); its graph view is `unavailable` with that reason.
+    A callable that raises is `error` in that view, with the exception, and leaves the rotation.
+    """
+    options = options or TimingOptions()
+    device = torch.device(device)
+    flush = l2_flush(device) if options.cold_l2 else None
+    not_capturable = dict(not_capturable or {})
+    results: Timings = {name: {} for name in callables}
+    for view in views_for(device, options):
+        if view == "cpu":
+            view_results = _measure_cpu(callables, options, flush)
+        elif view == "wall":
+            view_results = _measure_wall(callables, device, options, flush)
+        elif view == "graph":
+            view_results = _measure_graph(callables, device, options, flush, not_capturable)
+        else:
+            view_results = _measure_gpu(callables, device, options, flush)
+        for name, result in view_results.items():
+            results[name][view] = result
+    return results
+
+
+def _measure_cpu(callables, options: TimingOptions, flush) -> dict[str, ViewResult]:
+    results = {name: ViewResult() for name in callables}
+    active = list(callables)
+    for round_index in range(options.warmup + options.iters):
+        timed = round_index >= options.warmup
+        for name in _rotation(active, round_index):
+            if flush is not None:
+                flush()
+            try:
+                start_ns = time.perf_counter_ns()
+                callables[name]()
+                elapsed_ns = time.perf_counter_ns() - start_ns
+            except Exception as err:
+                _fail(results[name], err, active, name)
+                continue
+            if timed:
+                results[name].samples_us.append(elapsed_ns / 1000.0)
+    return results
+
+
+def _fail(result: ViewResult, err: BaseException, active: list[str], name: str) -> None:
+    result.status, result.reason, result.samples_us = "error", f"raised {_describe(err)}", []
+    if name in active:
+        active.remove(name)
+
+
+def _event_loop(runs: Mapping[str, Callable[[], object]], device, options, flush, results) -> None:
+    """Round-robin: flush (untimed), idle device, event, one run, event. Elapsed times at the end."""
+    active = [name for name in runs if results[name].status == "ok"]
+    events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {name: [] for name in active}
+    for round_index in range(options.warmup + options.iters):
+        timed = round_index >= options.warmup
+        for name in _rotation(active, round_index):
+            if flush is not None:
+                flush()
+            # An idle device before the start event puts the host's launch cost inside the pair.
+            torch.cuda.synchronize(device)
+            try:
+                if timed:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    runs[name]()
+                    end.record()
+                    events[name].append((start, end))
+                else:
+                    runs[name]()
+            except Exception as err:
+                _fail(results[name], err, active, name)
+    torch.cuda.synchronize(device)
+    for name in active:
+        results[name].samples_us = [start.elapsed_time(end) * 1000.0 for start, end in events[name]]
+
+
+def _measure_wall(callables, device, options, flush) -> dict[str, ViewResult]:
+    results = {name: ViewResult() for name in callables}
+    _event_loop(callables, device, options, flush, results)
+    return results
+
+
+def capture_graph(run: Callable[[], object], device: str | torch.device | None = None):
+    """Capture run once in a CUDA graph: returns (graph, the outputs the capture produced).
+
+    Those outputs are the graph's static buffers: every replay rewrites them in place.
+    """
+    side_stream = torch.cuda.Stream(device=device)
+    side_stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side_stream):
+        for _ in range(CAPTURE_WARMUP_CALLS):
+            run()
+    torch.cuda.current_stream(device).wait_stream(side_stream)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = run()
+    torch.cuda.synchronize(device)
+    return graph, outputs
+
+
+def _measure_graph(callables, device, options, flush, not_capturable) -> dict[str, ViewResult]:
+    results = {name: ViewResult() for name in callables}
+    graphs = {}
+    for name, run in callables.items():
+        if name in not_capturable:
+            results[name] = ViewResult(status="unavailable", reason=not_capturable[name])
+            continue
+        try:
+            graphs[name], _ = capture_graph(run, device)
+        except Exception as err:
+            results[name] = ViewResult(status="error", reason=f"CUDA graph capture failed: {_describe(err)}")
+            try:  # a failed capture can leave an error pending on the stream: clear it here, not in the next run
+                torch.cuda.synchronize(device)
+            except Exception:
+                pass
+    replays = {name: graph.replay for name, graph in graphs.items()}
+    _event_loop(replays, device, options, flush, results)
+    for graph in graphs.values():
+        graph.reset()
+    return results
+
+
+def _measure_gpu(callables, device, options, flush) -> dict[str, ViewResult]:
+    """CUPTI device time: each iteration inside a profiler annotation, its device work summed."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    results = {name: ViewResult() for name in callables}
+    names = list(callables)
+    iters = min(options.gpu_iters, options.iters)
+    active = list(names)
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for iteration in range(iters):
+                for name in _rotation(active, iteration):
+                    if flush is not None:
+                        flush()
+                    torch.cuda.synchronize(device)
+                    try:
+                        with record_function(f"{_MARK}{names.index(name)}:{iteration}"):
+                            callables[name]()
+                    except Exception as err:
+                        _fail(results[name], err, active, name)
+            torch.cuda.synchronize(device)
+        per_iteration, device_events = _device_time_per_annotation(prof.profiler.kineto_results.events())
+    except Exception as err:
+        reason = f"torch.profiler (CUPTI) failed: {_describe(err)}"
+        return {name: ViewResult(status="unavailable", reason=reason) for name in names}
+    if device_events == 0:
+        reason = "CUPTI recorded no device activity (is the profiler usable on this machine?)"
+        return {name: ViewResult(status="unavailable", reason=reason) for name in names}
+    for index, name in enumerate(names):
+        if results[name].status == "ok":
+            results[name].samples_us = [per_iteration.get((index, i), 0.0) for i in range(iters)]
+    return results
+
+
+def _device_time_per_annotation(kineto_events) -> tuple[dict[tuple[int, int], float], int]:
+    """Sum device-event durations (µs) per (callable index, iteration) annotation.
+
+    A device event is linked (correlation id) to the innermost CPU op that launched it; that op's
+    start time falls inside exactly one annotation, since iterations run one at a time. Events with
+    no CPU op are placed by their own start time.
+    """
+    import bisect
+
+    cpu_type = torch.autograd.DeviceType.CPU
+    annotations = []  # (start_ns, end_ns, key)
+    cpu_start_by_correlation = {}
+    device_events = []
+    for event in kineto_events:
+        name = event.name()
+        if event.device_type() == cpu_type:
+            if event.linked_correlation_id() == 0:  # an op or annotation, not a CUDA runtime call
+                cpu_start_by_correlation[event.correlation_id()] = event.start_ns()
+            if name.startswith(_MARK):
+                index, iteration = name[len(_MARK):].split(":")
+                annotations.append((event.start_ns(), event.end_ns(), (int(index), int(iteration))))
+        elif not name.startswith(_MARK):  # the GPU-side copy of an annotation is not device work
+            device_events.append(event)
+    annotations.sort()
+    starts = [start for start, _, _ in annotations]
+    totals: dict[tuple[int, int], float] = {}
+    for event in device_events:
+        launched_ns = cpu_start_by_correlation.get(event.linked_correlation_id())
+        if launched_ns is None:
+            launched_ns = event.start_ns()
+        slot = bisect.bisect_right(starts, launched_ns) - 1
+        if slot < 0:
+            continue
+        start_ns, end_ns, key = annotations[slot]
+        if launched_ns > end_ns and event.linked_correlation_id() in cpu_start_by_correlation:
+            continue  # launched between iterations (the L2 flush): not part of any iteration
+        totals[key] = totals.get(key, 0.0) + event.duration_ns() / 1000.0
+    return totals, len(device_events)

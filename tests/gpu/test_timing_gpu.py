@@ -1,0 +1,131 @@
+"""Timing engine and sweep on a CUDA device (`make gpu-test`): graph replays compute what eager calls do,
+CUPTI sees device time below the wall time, the launch floor is measured three ways, and the quick
+preset writes parquet end to end."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sdbench import parity, registry, results, timing
+from sdbench.workload import VerifyConfig, make_verify_workload
+
+DEVICE = "cuda"
+SHORT = timing.TimingOptions(warmup=3, iters=20, gpu_iters=10)
+
+
+def _capturable_verify_impls():
+    impls = []
+    for impl in registry.implementations("verify"):
+        if impl.sync or impl.unavailable_reason(DEVICE) is not None:
+            continue
+        impls.append(impl)
+    return impls
+
+
+@pytest.mark.parametrize("impl", _capturable_verify_impls(), ids=lambda impl: impl.name)
+def test_graph_replay_outputs_equal_eager_outputs(impl):
+    workload = make_verify_workload(VerifyConfig(33, 128, 0.6, dist="geometric", seed=11), DEVICE)
+    run = impl.prepare(workload)
+    if getattr(run, "not_capturable", None):
+        pytest.skip(run.not_capturable)
+    eager = {name: tensor.clone() for name, tensor in run().items()}
+    graph, captured = timing.capture_graph(run)
+    parity.poison(captured)  # a replay must rewrite every output, not leave the capture's values
+    graph.replay()
+    torch.cuda.synchronize()
+    assert set(eager) <= set(captured)
+    for name, tensor in eager.items():
+        assert torch.equal(captured[name], tensor), name
+    assert parity.compare(parity.expected_outputs("verify", workload), captured) is None
+    graph.reset()
+
+
+def test_gpu_view_of_a_copy_is_nonzero_and_below_wall():
+    source = torch.randn(32 * 2**20 // 4, device=DEVICE)  # 32 MiB: a copy of ~20 µs on an H100
+    target = torch.empty_like(source)
+    measured = timing.measure({"copy": lambda: target.copy_(source)}, DEVICE, SHORT)["copy"]
+    for view in ("wall", "graph", "gpu"):
+        assert measured[view].status == "ok", (view, measured[view].reason)
+    wall, gpu = measured["wall"].stats.median_us, measured["gpu"].stats.median_us
+    assert 0.0 < gpu < wall
+    assert len(measured["gpu"].samples_us) == SHORT.gpu_iters
+    assert len(measured["wall"].samples_us) == SHORT.iters
+
+
+def test_launch_floor_is_measured_three_ways():
+    floor = timing.launch_floor(DEVICE)
+    assert floor.run is not None, floor.reason
+    measured = timing.measure({timing.LAUNCH_FLOOR: floor.run}, DEVICE, SHORT)[timing.LAUNCH_FLOOR]
+    for view in ("wall", "graph", "gpu"):
+        assert measured[view].status == "ok", (view, measured[view].reason)
+    # An empty kernel's device time (~1 µs) is far below what the host pays to launch it (~20 µs).
+    assert 0.0 < measured["gpu"].stats.median_us < measured["wall"].stats.median_us
+
+
+def test_syncing_callable_has_no_graph_view_and_others_still_time():
+    values = torch.arange(1024, device=DEVICE)
+    callables = {"syncs": lambda: values.sum().item(), "plain": lambda: values.add(1)}
+    measured = timing.measure(callables, DEVICE, SHORT, not_capturable={"syncs": "syncs the host"})
+    assert measured["syncs"]["graph"].status == "unavailable"
+    assert measured["syncs"]["graph"].reason == "syncs the host"
+    assert measured["syncs"]["wall"].status == "ok"
+    assert measured["plain"]["graph"].status == "ok"
+
+
+def test_capture_failure_is_an_error_with_the_reason():
+    # Raise from Python inside the capture (a CUDA-level failure such as a sync would also invalidate
+    # the capture, but can leave the caching allocator's capture bookkeeping behind for later tests).
+    values = torch.arange(8, device=DEVICE)
+
+    def refuses_capture():
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("not capturable")
+        return values.add(1)
+
+    measured = timing.measure({"refuses": refuses_capture, "plain": lambda: values.add(2)}, DEVICE, SHORT)
+    assert measured["refuses"]["graph"].status == "error"
+    assert "capture failed" in measured["refuses"]["graph"].reason and "not capturable" in measured["refuses"]["graph"].reason
+    assert measured["refuses"]["wall"].status == "ok"
+    assert measured["plain"]["graph"].status == "ok"
+
+
+def test_cold_l2_runs_and_keeps_every_sample():
+    data = torch.randn(2**20, device=DEVICE)
+    options = timing.TimingOptions(warmup=2, iters=10, gpu_iters=5, cold_l2=True)
+    measured = timing.measure({"sum": lambda: data.sum()}, DEVICE, options)["sum"]
+    assert all(measured[view].status == "ok" for view in ("wall", "graph", "gpu"))
+    assert len(measured["wall"].samples_us) == 10
+
+
+def test_quick_preset_sweep_writes_parquet(tmp_path):
+    out = tmp_path / "quick"
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "sdbench", "sweep", "--preset", "quick", "--out", str(out), "--run-id", "gpu-test"],
+        capture_output=True, text=True, timeout=1200, env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = results.read_rows(out)
+    configs = {results.config_key(row) for row in rows}
+    assert len(configs) == 8
+    assert {row["view"] for row in rows} == {"wall", "graph", "gpu"}
+    assert all(row["device"] == "cuda" and row["gpu_name"] for row in rows)
+
+    def status(impl, view):
+        return {row["status"] for row in rows if row["impl"] == impl and row["view"] == view}
+
+    for view in ("wall", "graph", "gpu"):
+        assert status("torch_eager", view) == {"ok"}
+        assert status(timing.LAUNCH_FLOOR, view) == {"ok"}
+        assert status("torch_compile", view) == {"ok"}
+        assert status("serial_triton", view) == {"ok"}
+    assert status("torch_compile_ro", "wall") == {"ok"}
+    assert status("torch_compile_ro", "graph") == {"unavailable"}
+    assert not [row for row in rows if row["status"] in ("failed", "error")]
+    for row in rows:
+        if row["status"] == "ok":
+            assert row["median_us"] > 0 and row["launch_floor_us"] > 0
+            assert len(row["samples_us"]) == row["iters"]
