@@ -351,6 +351,17 @@ def _measure_gpu(callables, device, options, flush) -> dict[str, ViewResult]:
     return results
 
 
+# Device-side kineto events that are not device work: GPU spans of record_function ranges (torch.compile
+# wraps every compiled call in one, "Torch-Compiled Region") would count their kernels twice.
+NOT_DEVICE_WORK = frozenset({"gpu_user_annotation", "user_annotation", "cuda_sync"})
+
+
+def is_device_work(event) -> bool:
+    """True for a kineto device event that is real device work (a kernel, memcpy or memset)."""
+    kind = event.activity_type() if hasattr(event, "activity_type") else ""
+    return kind not in NOT_DEVICE_WORK
+
+
 def _device_time_per_annotation(kineto_events) -> tuple[dict[tuple[int, int], float], int]:
     """Sum device-event durations (µs) per (callable index, iteration) annotation.
 
@@ -372,7 +383,7 @@ def _device_time_per_annotation(kineto_events) -> tuple[dict[tuple[int, int], fl
             if name.startswith(_MARK):
                 index, iteration = name[len(_MARK):].split(":")
                 annotations.append((event.start_ns(), event.end_ns(), (int(index), int(iteration))))
-        elif not name.startswith(_MARK):  # the GPU-side copy of an annotation is not device work
+        elif not name.startswith(_MARK) and is_device_work(event):
             device_events.append(event)
     annotations.sort()
     starts = [start for start, _, _ in annotations]
