@@ -94,9 +94,21 @@ def default_device() -> str:
 def list_command(
     op: Annotated[str | None, typer.Option(help="Only this operation (verify, pack, verify_pack, prob_verify).")] = None,
     device: Annotated[str | None, typer.Option(help="Check availability on this device (default: cuda if present).")] = None,
+    dispatch: Annotated[bool, typer.Option("--dispatch", help="Show what verify_pack(impl='auto') picks for --b/--gamma/--alpha/--kv-dim, and why.")] = False,
+    b: Annotated[int | None, typer.Option("--b", help="--dispatch: batch size.")] = None,
+    gamma: Annotated[int | None, typer.Option(help="--dispatch: draft length γ.")] = None,
+    alpha: Annotated[float | None, typer.Option(help="--dispatch: expected acceptance rate α.")] = None,
+    kv_dim: Annotated[int | None, typer.Option(help="--dispatch: KV width per token.")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="--dispatch: float16 or bfloat16.")] = "float16",
+    dist: Annotated[str, typer.Option(help="--dispatch: acceptance distribution giving E[k] (binomial: αγ; geometric).")] = "binomial",
+    gpu: Annotated[str | None, typer.Option(help="--dispatch: decide for this GPU name's profile (default: this machine's GPU).")] = None,
 ) -> None:
     """List every registered implementation, where it runs, and why it cannot run here."""
     from sdbench import registry
+
+    if dispatch:
+        _print_dispatch(b, gamma, alpha, kv_dim, kv_dtype, dist, gpu)
+        return
 
     if op is not None and op not in registry.OPERATIONS:
         registry.get(op, "")  # raises the one-line error with a suggestion
@@ -112,7 +124,67 @@ def list_command(
     console.print(table)
 
 
+def _print_dispatch(b, gamma, alpha, kv_dim, kv_dtype, dist, gpu) -> None:
+    from sdbench import dispatch
+
+    missing = [name for name, value in (("--b", b), ("--gamma", gamma), ("--alpha", alpha), ("--kv-dim", kv_dim))
+               if value is None]
+    if missing:
+        raise SdbenchError(f"--dispatch needs the workload: {' '.join(missing)} (e.g. --b 32 --gamma 128 --alpha 0.9 --kv-dim 2048)")
+    if kv_dim < 1:
+        raise SdbenchError(f"--kv-dim must be >= 1 (verify_pack moves KV), got {kv_dim}")
+    decision, lines = dispatch.explain(b, gamma, alpha, kv_dim, kv_dtype, gpu, dist)
+    console.print(f"[bold]verify_pack(impl='auto') for b={b}, γ={gamma}, α={alpha:g}, kv_dim={kv_dim} ({kv_dtype})[/]",
+                  highlight=False)
+    for line in lines:
+        console.print(f"  {line}", highlight=False, markup=False)
+
+
 # --- doctor ------------------------------------------------------------------------------------
+@command("doctor")
+def doctor_command(
+    json_output: Annotated[bool, typer.Option("--json", help="Print the checks as JSON (for scripts and CI).")] = False,
+    env: Annotated[bool, typer.Option("--env", help='Print the export lines that fix what doctor found: eval "$(sdbench doctor --env)".')] = False,
+    deep: Annotated[bool, typer.Option("--deep", help="Also run a tiny nsys profile and a tiny ncu profile (10-30 s on a GPU machine).")] = False,
+) -> None:
+    """Check what this machine can run, each finding PASS / WARN / FAIL with its fix. Exit code 1 on any FAIL.
+
+    A tiny `nsys profile` runs when nsys and a GPU are both present, or with --deep; the ncu counter test runs only with --deep. On a GPU machine the first run builds the CUDA extension (about a minute, cached).
+    """
+    from sdbench import doctor
+
+    with err_console.status("checking this machine") as status:
+        facts = doctor.gather(deep=deep, progress=lambda text: status.update(text))
+    checks = doctor.diagnose(facts)
+    if json_output:
+        typer.echo(doctor.to_json(checks, facts))
+    elif env:
+        lines = doctor.export_lines(checks)
+        typer.echo("# sdbench doctor --env: the exports that fix what doctor found (eval it, or save as setup_env.sh)")
+        typer.echo("\n".join(lines) if lines else "# nothing to export: no finding needs an environment change")
+    else:
+        _print_doctor(checks, facts)
+    raise typer.Exit(doctor.exit_code(checks))
+
+
+def _print_doctor(checks, facts) -> None:
+    from rich.markup import escape
+
+    from sdbench import doctor
+
+    styles = {doctor.PASS: "green", doctor.WARN: "yellow", doctor.FAIL: "bold red"}
+    table = Table(title="sdbench doctor")
+    for column in ("check", "status", "finding", "fix"):
+        table.add_column(column, overflow="fold")
+    for check in checks:
+        table.add_row(check.name, f"[{styles[check.status]}]{check.status}[/]", escape(check.detail), escape(check.fix))
+    console.print(table, highlight=False)
+    if facts.gpu is None:
+        console.print(f"[yellow]{escape(doctor.cpu_only_summary(facts))}[/]", highlight=False)
+    if doctor.export_lines(checks):
+        console.print('fixes as shell lines: [bold]eval "$(sdbench doctor --env)"[/]')
+
+
 # --- parity ------------------------------------------------------------------------------------
 @command("parity")
 def parity_command(
@@ -212,9 +284,308 @@ def _print_ptxas_report() -> None:
 
 
 # --- sweep -------------------------------------------------------------------------------------
+@command("sweep")
+def sweep_command(
+    preset: Annotated[str | None, typer.Option(help="A published grid: main, gamma-sensitivity, fused, quick, scale (options below override it).")] = None,
+    b: Annotated[str | None, typer.Option("--b", help="Batch sizes (default: 1,4,16,32).")] = None,
+    gamma: Annotated[str | None, typer.Option(help="Draft lengths γ (default: 8,64,128).")] = None,
+    alpha: Annotated[str | None, typer.Option(help="Acceptance rates in [0, 1] (default: 0.3,0.6,0.9).")] = None,
+    kv_dim: Annotated[str | None, typer.Option(help="KV widths, pack / verify_pack only (default: 128,512,1024,2048).")] = None,
+    vocab: Annotated[str | None, typer.Option(help="Vocabulary sizes; prob_verify sweeps them (default: 32000).")] = None,
+    impl: Annotated[str | None, typer.Option(help="Comma-separated implementation names (default: every one of --op).")] = None,
+    op: Annotated[str | None, typer.Option(help="verify, pack, verify_pack or prob_verify (default: verify).")] = None,
+    dist: Annotated[str | None, typer.Option(help="Accepted-length distribution: binomial or geometric (default: binomial).")] = None,
+    device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if present).")] = None,
+    out: Annotated[str, typer.Option(help="Results folder: one parquet part per config.")] = "results",
+    warmup: Annotated[int | None, typer.Option(help="Untimed iterations per view (default: 20).")] = None,
+    iters: Annotated[int | None, typer.Option(help="Timed iterations per view, every sample kept (default: 200).")] = None,
+    cold_l2: Annotated[bool, typer.Option("--cold-l2", help="Flush L2 (write 2x its size) before every iteration, untimed.")] = False,
+    shard: Annotated[str | None, typer.Option(help="i/n: run every n-th config starting at i (0-based), e.g. for SLURM arrays.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Skip configs already written to --out.")] = False,
+    seed: Annotated[int | None, typer.Option(help="Seed of every config's inputs (default: 0).")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Run id shared by the rows (give shards the same one).")] = None,
+    token_dtype: Annotated[str | None, typer.Option(help="Token dtypes: int64, int32 (default: int64).")] = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="KV dtypes: float16, bfloat16 (default: float16).")] = None,
+    prob_dtype: Annotated[str | None, typer.Option(help="prob_verify probability dtypes: float32, bfloat16 (default: float32).")] = None,
+) -> None:
+    """Time every implementation over a grid (parity first) and write parquet rows per config and view.
+
+    Views on CUDA: wall (events around eager calls), graph (CUDA-graph replay), gpu (CUPTI kernel
+    time); on the CPU: cpu (host clock). Each config also times an empty kernel: the launch floor.
+    """
+    from pathlib import Path
+
+    from rich import progress
+
+    from sdbench import sweep
+
+    shard_index, shard_count = sweep.parse_shard(shard) if shard is not None else (None, None)
+    spec = sweep.build_spec(
+        preset,
+        batch_sizes=b and parse_int_list(b, "--b", minimum=1),
+        gammas=gamma and parse_int_list(gamma, "--gamma", minimum=1),
+        alphas=alpha and parse_float_list(alpha, "--alpha", 0.0, 1.0),
+        kv_dims=kv_dim and parse_int_list(kv_dim, "--kv-dim", minimum=1),
+        vocab_sizes=vocab and parse_int_list(vocab, "--vocab", minimum=2),
+        impls=parse_name_list(impl) or None, op=op, dist=dist, device=device or default_device(),
+        out_dir=Path(out), warmup=warmup, iters=iters, cold_l2=cold_l2 or None, shard_index=shard_index,
+        shard_count=shard_count, resume=resume or None, seed=seed, run_id=run_id,
+        token_dtypes=parse_name_list(token_dtype) or None, kv_dtypes=parse_name_list(kv_dtype) or None,
+        prob_dtypes=parse_name_list(prob_dtype) or None,
+    )
+    sweep.validate(spec)  # bad input fails here, before the progress bar draws
+    sweep.check_op_available(spec.op)
+    columns = (
+        progress.TextColumn("{task.description}"), progress.BarColumn(), progress.MofNCompleteColumn(),
+        progress.TimeElapsedColumn(), progress.TextColumn("eta"), progress.TimeRemainingColumn(),
+    )
+    with progress.Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("sweep", total=None)
+
+        def show(update: sweep.SweepProgress) -> None:
+            bar.update(task, total=update.total, completed=update.done, description=update.current or "sweep")
+
+        summary = sweep.run_sweep(spec, progress=show)
+    _print_sweep_summary(summary)
+    if summary.interrupted:
+        raise typer.Exit(130)
+
+
+def _print_sweep_summary(summary) -> None:
+    title = (
+        f"sweep {summary.run_id} on {summary.device}: {summary.measured} configs measured"
+        f"{f', {summary.skipped} already present' if summary.skipped else ''} -> {summary.out_dir}"
+    )
+    table = Table(title=title, caption="µs: median over configs of each config's median")
+    table.add_column("implementation")
+    for status in ("ok", "failed", "unavailable", "error"):
+        table.add_column(status, justify="right")
+    for view in summary.views:
+        table.add_column(f"{view} µs", justify="right")
+    for name in summary.impls:
+        counts = summary.statuses[name]
+        cells = [str(counts.get(status, 0)) for status in ("ok", "failed", "unavailable", "error")]
+        for view in summary.views:
+            median = summary.median_of_medians(name, view)
+            cells.append("-" if median is None else f"{median:.1f}")
+        table.add_row(name, *cells)
+    console.print(table)
+    if summary.interrupted:
+        err_console.print(
+            f"[yellow]interrupted:[/] {summary.measured} finished configs kept in {summary.out_dir}; "
+            f"{summary.remaining} left (rerun with --resume to finish)"
+        )
+
+
 # --- profile -----------------------------------------------------------------------------------
+def _one_number(text: str, option: str, parse, **limits):
+    """A single value through the shared list parsers (profile measures one config)."""
+    values = parse(text, option, **limits)
+    if len(values) != 1:
+        raise SdbenchError(f"{option}: profile takes one value, got {len(values)} ({text}); use `sdbench sweep` for grids")
+    return values[0]
+
+
+@command("profile")
+def profile_command(
+    impl: Annotated[str | None, typer.Option(help="Comma-separated implementation names (default: every one that runs here).")] = None,
+    op: Annotated[str, typer.Option(help="verify, pack or verify_pack.")] = "verify",
+    b: Annotated[str, typer.Option("--b", help="Batch size.")] = "32",
+    gamma: Annotated[str, typer.Option(help="Draft length γ.")] = "128",
+    alpha: Annotated[str, typer.Option(help="Acceptance rate in [0, 1].")] = "0.9",
+    kv_dim: Annotated[str, typer.Option(help="KV width (pack ops; 0 = no KV).")] = "0",
+    dist: Annotated[str, typer.Option(help="Accepted-length distribution: binomial or geometric.")] = "binomial",
+    tool: Annotated[str, typer.Option(help="auto, nsys, ncu or torch (auto: best timing tool + ncu counters when readable).")] = "auto",
+    out: Annotated[str, typer.Option(help="Results folder: writes <out>/profile-<run id>/ (parquet + tool reports).")] = "results",
+    warmup: Annotated[int, typer.Option(help="Untimed calls before the wall timing and before each profile.")] = 20,
+    iters: Annotated[int, typer.Option(help="Timed calls for the host wall median.")] = 200,
+    profile_iters: Annotated[int, typer.Option(help="Calls recorded by torch / nsys (ncu records 2).")] = 10,
+    seed: Annotated[int, typer.Option(help="Seed of the inputs.")] = 0,
+) -> None:
+    """Decompose host wall time into launch overhead + GPU time, per kernel and per implementation.
+
+    GPU time comes from nsys or torch.profiler (CUPTI); ncu adds warp efficiency, branch uniformity, achieved occupancy and DRAM throughput per kernel. Writes <out>/profile-<run id>/. See docs/profiling.md.
+    """
+    from sdbench import profile
+    from sdbench.workload import VerifyConfig
+
+    config = VerifyConfig(
+        batch_size=_one_number(b, "--b", parse_int_list, minimum=1),
+        gamma=_one_number(gamma, "--gamma", parse_int_list, minimum=1),
+        alpha=_one_number(alpha, "--alpha", parse_float_list, low=0.0, high=1.0),
+        kv_dim=_one_number(kv_dim, "--kv-dim", parse_int_list, minimum=0),
+        dist=dist, seed=seed,
+    )
+    request = profile.ProfileRequest(
+        op=op, impls=tuple(parse_name_list(impl)), config=config, tool=tool, warmup=warmup, iters=iters,
+        profiled_iters=profile_iters, out_dir=out,
+    )
+    with console.status("profiling") as status:
+        report = profile.run_profile(request, progress=lambda text: status.update(f"profiling {text}"))
+    _print_profile(report)
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _print_profile(report) -> None:
+    from rich.markup import escape
+
+    from sdbench import profile
+
+    cfg, choice = report.request.config, report.choice
+    counters_from = " + ncu counters" if choice.counters and choice.timing != "ncu" else ""
+    title = (f"{report.request.op}: b={cfg.batch_size}, γ={cfg.gamma}, α={cfg.alpha}, kv_dim={cfg.kv_dim} — "
+             f"host wall = launch overhead + GPU time (GPU time from {choice.timing}{counters_from})")
+    table = Table(title=title, caption="µs per call; wall: median of CUDA-event pairs around each call; "
+                  "overhead = wall - GPU; launches: device operations per call")
+    for column in ("implementation", "wall µs", "GPU µs", "overhead µs", "overhead %", "launches"):
+        table.add_column(column, justify="left" if column == "implementation" else "right")
+    for p in report.impls:
+        share = None if p.launch_overhead_us is None or not p.wall_us else 100.0 * p.launch_overhead_us / p.wall_us
+        launches = "-" if p.launches_per_iter is None else f"{p.launches_per_iter:g}"
+        table.add_row(p.impl, _us(p.wall_us), _us(p.gpu_us), _us(p.launch_overhead_us),
+                      "-" if share is None else f"{share:.0f}", launches)
+    console.print(table)
+    kernels = Table(title="kernels per call")
+    for column in ("implementation", "kernel", "calls", "GPU µs", "% of GPU"):
+        kernels.add_column(column, overflow="fold")
+    for p in report.impls:
+        for k in p.kernels:
+            share = "-" if not p.gpu_us or k.gpu_us is None else f"{100.0 * k.gpu_us / p.gpu_us:.0f}"
+            kernels.add_row(p.impl, escape(k.short_name), f"{k.calls_per_iter:g}", _us(k.gpu_us), share)
+    console.print(kernels)
+    if any(p.counters for p in report.impls):
+        counters = Table(title="ncu counters per kernel (means over launches; ncu µs are replayed at base clocks)")
+        for column in ("implementation", "kernel", "calls", "ncu µs", "warp efficiency %", "branch uniformity %",
+                       "achieved occupancy %", "DRAM % of peak"):
+            counters.add_column(column, overflow="fold")
+        for p in report.impls:
+            for k in p.counters:
+                cells = [profile.warp_efficiency_pct(k)] + [k.metrics.get(m) for m in list(profile.COUNTER_COLUMNS)[1:]]
+                counters.add_row(p.impl, escape(k.short_name), f"{k.calls_per_iter:g}", _us(k.gpu_us),
+                                 *("-" if v is None else f"{v:.1f}" for v in cells))
+        console.print(counters)
+    for tool_name, why in choice.skipped:
+        console.print(f"[dim]not used: {tool_name}: {escape(str(why))}[/]", highlight=False)
+    for name, why in report.skipped_impls:
+        console.print(f"[dim]skipped implementation {name}: {escape(why)}[/]", highlight=False)
+    for note in report.notes:
+        console.print(f"[yellow]{escape(note)}[/]", highlight=False)
+    for p in report.impls:
+        for problem in (p.error, p.counters_error):
+            if problem:
+                console.print(f"[red]{p.impl}:[/] {escape(problem)}", highlight=False)
+    console.print(f"rows -> {report.parquet_path}")
+
+
 # --- report ------------------------------------------------------------------------------------
+@command("report")
+def report_command(
+    results: Annotated[list[str], typer.Argument(help="Parquet files or folders from `sdbench sweep` (with --compare: A then B).")],
+    where: Annotated[list[str] | None, typer.Option("--where", help="Keep rows where COLUMN OP VALUE, OP one of = != < > <= >= (repeatable; = takes a comma list), e.g. gamma=128.")] = None,
+    impl: Annotated[str | None, typer.Option(help="Comma-separated implementations to show (speedups still use the baseline and peers).")] = None,
+    baseline: Annotated[str, typer.Option(help="Implementation the speedup column is quoted against.")] = "torch_eager",
+    view: Annotated[str | None, typer.Option(help="View the speedups use: wall, graph, gpu or cpu (default: wall, else cpu).")] = None,
+    out: Annotated[str | None, typer.Option(help="Write report.md, PNG plots and a self-contained report.html into this folder.")] = None,
+    compare: Annotated[bool, typer.Option("--compare", help="Compare two results A B: per-config B/A with bootstrap intervals.")] = False,
+    threshold: Annotated[float, typer.Option(help="--compare: smallest |B/A - 1| flagged as a change.")] = 0.05,
+    seed: Annotated[int, typer.Option(help="--compare: bootstrap seed.")] = 0,
+    ceiling_gbps: Annotated[float | None, typer.Option(help="Copy-bandwidth ceiling in GB/s (default: the GPU's profile, else the best achieved).")] = None,
+    max_rows: Annotated[int, typer.Option(help="Rows per table printed here (report.md holds them all).")] = 60,
+) -> None:
+    """Tables (and with --out, plots and HTML) from sweep results; --compare A B hunts regressions."""
+    from pathlib import Path
+
+    from sdbench import report
+
+    wheres = [report.parse_where(text) for text in where or []]
+    if compare:
+        _report_compare(results, wheres, threshold, seed, out, max_rows)
+        return
+    built = report.build_report(results, wheres, parse_name_list(impl) or None, baseline, view, ceiling_gbps)
+    for note in built.notes:
+        console.print(f"[dim]{note}[/]", highlight=False)
+    for table in built.tables:
+        console.print(table.rich(max_rows=max_rows))
+    if out is not None:
+        written = report.write_report(built, Path(out))
+        console.print(f"wrote {len(written)} files to {out}: report.md, report.html and {len(written) - 2} plots")
+
+
+def _report_compare(results: list[str], wheres, threshold: float, seed: int, out: str | None, max_rows: int) -> None:
+    from pathlib import Path
+
+    from sdbench import compare
+
+    if len(results) != 2:
+        raise SdbenchError(f"--compare takes exactly two results (A B), got {len(results)}")
+    if not 0 <= threshold < 1:
+        raise SdbenchError(f"--threshold must be in [0, 1), got {threshold}")
+    found, notes = compare.compare([results[0]], [results[1]], wheres, threshold=threshold, seed=seed)
+    table = compare.compare_table(found, notes, results[0], results[1], threshold)
+    console.print(table.rich(max_rows=max_rows))
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "compare.md").write_text(table.markdown())
+        console.print(f"wrote {Path(out) / 'compare.md'}")
+
+
 # --- calibrate-tau -----------------------------------------------------------------------------
+@command("calibrate-tau")
+def calibrate_tau_command(
+    results: Annotated[list[str] | None, typer.Argument(help="verify_pack sweep results (default: run a mini-sweep on this GPU).")] = None,
+    small: Annotated[str, typer.Option(help="Implementation that wins on small work.")] = "fused_single_block",
+    large: Annotated[str, typer.Option(help="Implementation that wins on large work.")] = "ballot+pack_torch",
+    view: Annotated[str, typer.Option(help="Timing view to fit on: wall (what a caller waits for), graph or gpu.")] = "wall",
+    gpu: Annotated[str | None, typer.Option(help="The GPU to calibrate when the results hold several (its gpu_name).")] = None,
+    profiles: Annotated[str | None, typer.Option(help="Folder to write <gpu-slug>.toml into (default: profiles/).")] = None,
+    sweep_out: Annotated[str, typer.Option(help="Where the mini-sweep writes its results when none are given.")] = "results/calibrate-tau",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Fit and print, but write no profile.")] = False,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+) -> None:
+    """Find τ (accepted KV bytes) where the small-work implementation stops winning; write the GPU's profile."""
+    from sdbench import tau
+    from sdbench.profiles import format_bytes
+
+    if view not in ("wall", "graph", "gpu", "cpu"):
+        raise SdbenchError(f"--view must be wall, graph, gpu or cpu, got {view!r}")
+    if results:
+        result = tau.calibrate(results, small=small, large=large, view=view, gpu_name=gpu, profiles_dir=profiles,
+                               write=not dry_run, seed=seed)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        err_console.print(f"no results given: measuring {small} and {large} on this GPU (mini-sweep into {sweep_out})")
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err_console, transient=True) as bar:
+            task = bar.add_task("calibration sweep", total=None)
+
+            def show(update) -> None:
+                bar.update(task, total=update.total, completed=update.done, description=update.current or "sweep")
+
+            result = tau.calibrate([], small=small, large=large, view=view, gpu_name=gpu, sweep_out=sweep_out,
+                                   profiles_dir=profiles, write=not dry_run, seed=seed, progress=show)
+    fit, profile = result.fit, result.profile
+    table = Table(title=f"{small} vs {large} on {profile.gpu_name} ({view} view, µs)")
+    for column in ("accepted KV", "config (b, γ, α, kv_dim)", small, large, "rule picks", "faster"):
+        table.add_column(column, justify="right")
+    for point in fit.points:
+        picked = small if point.kv_bytes < fit.tau_bytes else large
+        faster = small if point.small_us < point.large_us else large
+        table.add_row(format_bytes(point.kv_bytes), ", ".join(str(v) for v in point.config[:4]),
+                      f"{point.small_us:.1f}", f"{point.large_us:.1f}", picked,
+                      faster if faster == picked else f"[red]{faster}[/]")
+    console.print(table)
+    if result.swept is not None:
+        console.print(f"mini-sweep results: {result.swept}")
+    console.print(fit.message(), highlight=False)
+    console.print(f"[bold]{profile.rule()}[/]", highlight=False)
+    if result.path is not None:
+        console.print(f"wrote {result.path}")
+
+
 # --- end of commands ---------------------------------------------------------------------------
 
 

@@ -1,0 +1,401 @@
+"""The library API: `sdbench.verify`, `sdbench.pack`, `sdbench.verify_pack`.
+
+    out = sdbench.verify_pack(draft_tokens, target_tokens, draft_kv, impl="auto", expected_alpha=0.8)
+    out["accepted_lengths"], out["packed_kv"][: ...], out["packed_offsets"], out["next_tokens"]
+
+Inputs are validated here, at the edge, before any launch: shapes, dtypes, devices and contiguity, with
+messages that name the bad value and the fix. Output buffers are the caller's (`out=`, any subset) or
+allocated here; every implementation writes into them (CUDA kernels directly, through the launchers of
+sdbench.kernels.cuda_impls), so results never depend on which one ran:
+- verify:      accepted_lengths int64 [B], has_mismatch bool [B], next_tokens [B] (token dtype)
+- pack:        packed_kv [B·γ, kv_dim] (KV dtype; rows past Σ k_i are unspecified), packed_offsets int64 [B]
+- verify_pack: all five.
+CPU tensors run the eager PyTorch reference (`torch_eager`) whatever impl is asked for, unless that
+implementation runs on the CPU itself. Values are never checked (that would read the device: a host
+sync); accepted_lengths given to `pack` must lie in [0, γ].
+
+`impl="auto"` asks sdbench.dispatch, which decides from shapes and the expected acceptance: the caller's
+`expected_alpha` (E[k] / γ), else the mean of the previous auto step on this device, read only once its
+asynchronous copy has landed (no sync), else 1.0 (every draft accepted: the upper bound on bytes).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from sdbench import dispatch, reference, registry
+from sdbench.errors import SdbenchError
+from sdbench.workload import KV_DTYPES, TOKEN_DTYPES, VerifyConfig, VerifyWorkload
+
+TOKEN_TORCH_DTYPES = tuple(TOKEN_DTYPES.values())
+KV_TORCH_DTYPES = tuple(KV_DTYPES.values())
+EAGER = "torch_eager"
+DEFAULT_EXPECTED_ALPHA = 1.0  # before any step's mean is known: assume the most KV to copy
+
+Outputs = dict[str, torch.Tensor]
+
+
+# --- validation --------------------------------------------------------------------------------
+def _shape(tensor: torch.Tensor) -> str:
+    return "[" + ", ".join(str(size) for size in tensor.shape) + "]"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _require_tensor(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise SdbenchError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _check_tokens(draft_tokens, target_tokens) -> tuple[int, int]:
+    draft = _require_tensor("draft_tokens", draft_tokens)
+    target = _require_tensor("target_tokens", target_tokens)
+    if draft.dim() != 2 or draft.shape[0] < 1 or draft.shape[1] < 1:
+        raise SdbenchError(f"draft_tokens must be 2-D [batch, gamma] with both >= 1, got shape {_shape(draft)}")
+    batch, gamma = draft.shape
+    if tuple(target.shape) != (batch, gamma + 1):
+        raise SdbenchError(
+            f"target_tokens must be [batch, gamma + 1] = [{batch}, {gamma + 1}] for draft_tokens {_shape(draft)} "
+            f"(the extra position holds the bonus token), got {_shape(target)}"
+        )
+    if draft.dtype not in TOKEN_TORCH_DTYPES:
+        raise SdbenchError(f"draft_tokens dtype {_dtype_name(draft.dtype)} is not a token dtype: use int64 or int32 "
+                           "(e.g. draft_tokens.long())")
+    if target.dtype != draft.dtype:
+        raise SdbenchError(f"target_tokens dtype {_dtype_name(target.dtype)} differs from draft_tokens "
+                           f"{_dtype_name(draft.dtype)}: convert one (e.g. target_tokens.to(draft_tokens.dtype))")
+    if target.device != draft.device:
+        raise SdbenchError(f"target_tokens is on {target.device} but draft_tokens on {draft.device}: move both to one device")
+    return batch, gamma
+
+
+def _check_kv(draft_kv, batch: int | None, gamma: int | None, device: torch.device | None, allow_float32: bool) -> None:
+    kv = _require_tensor("draft_kv", draft_kv)
+    if kv.dim() != 3 or kv.shape[2] < 1:
+        raise SdbenchError(f"draft_kv must be 3-D [batch, gamma, kv_dim] with kv_dim >= 1, got shape {_shape(kv)}")
+    if batch is not None and tuple(kv.shape[:2]) != (batch, gamma):
+        raise SdbenchError(f"draft_kv must be [batch, gamma, kv_dim] = [{batch}, {gamma}, kv_dim] to match the tokens, "
+                           f"got {_shape(kv)}")
+    allowed = KV_TORCH_DTYPES + ((torch.float32,) if allow_float32 else ())
+    if kv.dtype not in allowed:
+        raise SdbenchError(f"draft_kv dtype {_dtype_name(kv.dtype)} is not supported here: use "
+                           f"{' or '.join(_dtype_name(d) for d in allowed)} (e.g. draft_kv.half())")
+    if device is not None and kv.device != device:
+        raise SdbenchError(f"draft_kv is on {kv.device} but the tokens on {device}: move them to one device")
+
+
+def _check_lengths(accepted_lengths, batch: int, device: torch.device) -> None:
+    lengths = _require_tensor("accepted_lengths", accepted_lengths)
+    if tuple(lengths.shape) != (batch,):
+        raise SdbenchError(f"accepted_lengths must be 1-D [batch] = [{batch}], got {_shape(lengths)}")
+    if lengths.dtype != torch.int64:
+        raise SdbenchError(f"accepted_lengths must be int64 (as verify returns), got {_dtype_name(lengths.dtype)}: "
+                           "use accepted_lengths.long()")
+    if lengths.device != device:
+        raise SdbenchError(f"accepted_lengths is on {lengths.device} but draft_kv on {device}: move them to one device")
+
+
+def _check_contiguous(impl: str, **tensors: torch.Tensor) -> None:
+    for name, tensor in tensors.items():
+        if tensor is not None and not tensor.is_contiguous():
+            raise SdbenchError(f"{name} must be contiguous for impl {impl!r} (pass {name}.contiguous())")
+
+
+def _output_specs(batch: int, gamma: int, token_dtype: torch.dtype, kv_dim: int | None, kv_dtype: torch.dtype | None,
+                  names: tuple[str, ...]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    specs = {
+        "accepted_lengths": ((batch,), torch.int64),
+        "has_mismatch": ((batch,), torch.bool),
+        "next_tokens": ((batch,), token_dtype),
+        "packed_kv": ((batch * gamma, kv_dim or 0), kv_dtype),
+        "packed_offsets": ((batch,), torch.int64),
+    }
+    return {name: specs[name] for name in names}
+
+
+VERIFY_OUTPUTS = ("accepted_lengths", "has_mismatch", "next_tokens")
+PACK_OUTPUTS = ("packed_kv", "packed_offsets")
+
+
+def _outputs(out: Outputs | None, specs: dict, device: torch.device) -> Outputs:
+    """The caller's buffers, checked, plus fresh ones for any not given."""
+    if out is not None and not isinstance(out, dict):
+        raise SdbenchError(f"out must be a dict of output tensors keyed by {', '.join(specs)}, got {type(out).__name__}")
+    given = dict(out or {})
+    unknown = sorted(set(given) - set(specs))
+    if unknown:
+        raise SdbenchError(f"out has unknown keys {', '.join(unknown)}; outputs are {', '.join(specs)}")
+    buffers = {}
+    for name, (shape, dtype) in specs.items():
+        tensor = given.get(name)
+        if tensor is None:
+            buffers[name] = torch.empty(shape, dtype=dtype, device=device)
+            continue
+        _require_tensor(f"out[{name!r}]", tensor)
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype or tensor.device != device:
+            raise SdbenchError(
+                f"out[{name!r}] must be {_dtype_name(dtype)} [{', '.join(map(str, shape))}] on {device}, got "
+                f"{_dtype_name(tensor.dtype)} {_shape(tensor)} on {tensor.device} (or leave it out to allocate one)"
+            )
+        if not tensor.is_contiguous():
+            raise SdbenchError(f"out[{name!r}] must be contiguous")
+        buffers[name] = tensor
+    return buffers
+
+
+# --- choosing and running an implementation ------------------------------------------------------
+@functools.lru_cache(maxsize=256)
+def _resolve_cached(op: str, impl: str, device: torch.device) -> registry.Implementation:
+    entry = registry.get(op, impl)
+    if device.type not in entry.devices:
+        if device.type == "cpu":
+            return registry.get(op, EAGER)
+        raise SdbenchError(f"impl {impl!r} runs on {'/'.join(entry.devices)} only; the tensors are on {device}")
+    reason = entry.unavailable_reason(device)  # probes (a build on first use): once per process and device
+    if reason is not None:
+        raise SdbenchError(f"impl {impl!r} cannot run here: {reason} (try impl={EAGER!r})")
+    return entry
+
+
+def _resolve(op: str, impl: str, device: torch.device) -> registry.Implementation:
+    """The registry entry to run: the eager reference for CPU tensors the entry cannot take."""
+    return _resolve_cached(op, impl, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_reason(op: str, impl: str, batch: int, gamma: int, kv_dim: int, token_dtype: str, kv_dtype: str) -> str | None:
+    config = VerifyConfig(batch_size=batch, gamma=gamma, kv_dim=kv_dim, token_dtype=token_dtype, kv_dtype=kv_dtype)
+    return registry.get(op, impl).supports(config)
+
+
+def _check_supports(op: str, entry: registry.Implementation, batch: int, gamma: int, token_dtype: torch.dtype,
+                    kv: torch.Tensor | None) -> None:
+    """The implementation takes this shape (e.g. fused_single_block needs B <= 32); cached per shape."""
+    if entry.name == EAGER:
+        return
+    config = _config(batch, gamma, token_dtype, kv)
+    reason = _shape_reason(op, entry.name, batch, gamma, config.kv_dim, config.token_dtype, config.kv_dtype)
+    if reason is not None:
+        hint = "impl='auto'" if op == "verify_pack" else f"impl={EAGER!r}"
+        raise SdbenchError(f"impl {entry.name!r} cannot run batch={batch}, gamma={gamma}"
+                           f"{f', kv_dim={config.kv_dim}' if kv is not None else ''}: {reason} (try {hint})")
+
+
+def _config(batch: int, gamma: int, token_dtype: torch.dtype, kv: torch.Tensor | None) -> VerifyConfig:
+    token_name = next(name for name, dtype in TOKEN_DTYPES.items() if dtype == token_dtype)
+    kv_name = "float16"
+    if kv is not None:
+        kv_name = next((name for name, dtype in KV_DTYPES.items() if dtype == kv.dtype), "float16")
+    return VerifyConfig(batch_size=batch, gamma=gamma, kv_dim=0 if kv is None else kv.shape[2],
+                        token_dtype=token_name, kv_dtype=kv_name)
+
+
+def _copy_into(buffers: Outputs, results: Outputs) -> None:
+    for name, buffer in buffers.items():
+        value = results[name]
+        if name == "packed_kv" and value.shape[0] != buffer.shape[0]:
+            buffer[: value.shape[0]].copy_(value)  # torch_eager returns exactly Σ k_i rows
+        else:
+            buffer.copy_(value)
+
+
+def _run_eager(op: str, draft_tokens, target_tokens, draft_kv, accepted_lengths, buffers: Outputs) -> None:
+    if op == "verify":
+        results = reference.verify(draft_tokens, target_tokens)
+    elif op == "pack":
+        results = reference.pack(draft_kv, accepted_lengths)
+    else:
+        results = reference.verify_pack(draft_tokens, target_tokens, draft_kv)
+    _copy_into(buffers, results)
+
+
+def _run_registered(entry: registry.Implementation, workload: VerifyWorkload, buffers: Outputs) -> None:
+    """Any registered implementation without a direct launcher: prepare on the caller's tensors, run once,
+    copy into buffers (prepare allocates its own outputs)."""
+    _copy_into(buffers, entry.prepare(workload)())
+
+
+def _ballot_pack_torch(k, draft_tokens, target_tokens, draft_kv, accepted_lengths, has_mismatch, next_tokens,
+                       packed_kv, packed_offsets) -> None:
+    k.verify_ballot(draft_tokens, target_tokens, accepted_lengths, has_mismatch, next_tokens)
+    torch.cumsum(accepted_lengths, 0, out=packed_offsets)
+    packed_offsets.sub_(accepted_lengths)
+    positions = torch.arange(draft_kv.shape[1], device=draft_kv.device)
+    accepted = draft_kv[positions[None, :] < accepted_lengths[:, None]]  # data-dependent shape: syncs
+    packed_kv[: accepted.shape[0]].copy_(accepted)
+
+
+def _ballot_pack_cuda(k, draft_tokens, target_tokens, draft_kv, accepted_lengths, has_mismatch, next_tokens,
+                      packed_kv, packed_offsets) -> None:
+    k.verify_ballot(draft_tokens, target_tokens, accepted_lengths, has_mismatch, next_tokens)
+    k.pack(draft_kv, accepted_lengths, packed_kv, packed_offsets)
+
+
+def _pack_naive(k, draft_kv, accepted_lengths, packed_kv, packed_offsets) -> None:
+    accepted, offsets = k.pack_naive(draft_kv, accepted_lengths)  # allocates and syncs (the published packer)
+    packed_kv[: accepted.shape[0]].copy_(accepted)
+    packed_offsets.copy_(offsets)
+
+
+# CUDA implementations launched straight into the caller's buffers through sdbench.kernels.cuda_impls
+# (k below); keyword names are the input and output names of the module docstring.
+_DIRECT = {
+    ("verify", "naive"): lambda k, **a: k.verify_naive(**a),
+    ("verify", "ballot"): lambda k, **a: k.verify_ballot(**a),
+    ("pack", "pack_cuda"): lambda k, **a: k.pack(**a),
+    ("pack", "pack_cuda_naive"): _pack_naive,
+    ("verify_pack", "fused_single_block"): lambda k, **a: k.fused_single_block(**a),
+    ("verify_pack", "fused"): lambda k, **a: k.fused(**a),
+    ("verify_pack", "ballot+pack_cuda"): _ballot_pack_cuda,
+    ("verify_pack", "ballot+pack_torch"): _ballot_pack_torch,
+}
+
+
+def _launch_direct(entry: registry.Implementation, op: str, inputs: dict, buffers: Outputs) -> bool:
+    launch = _DIRECT.get((op, entry.name))
+    if launch is None or entry.backend != "cuda":
+        return False
+    from sdbench.kernels import cuda_impls
+
+    launch(cuda_impls, **inputs, **buffers)
+    return True
+
+
+def _run(op: str, entry: registry.Implementation, *, draft_tokens=None, target_tokens=None, draft_kv=None,
+         accepted_lengths=None, buffers: Outputs) -> Outputs:
+    if entry.name == EAGER:
+        _run_eager(op, draft_tokens, target_tokens, draft_kv, accepted_lengths, buffers)
+        return buffers
+    inputs = {name: value for name, value in (("draft_tokens", draft_tokens), ("target_tokens", target_tokens),
+                                              ("draft_kv", draft_kv), ("accepted_lengths", accepted_lengths))
+              if value is not None}
+    if _launch_direct(entry, op, inputs, buffers):
+        return buffers
+    if draft_tokens is not None:
+        batch, gamma = draft_tokens.shape
+        token_dtype, device = draft_tokens.dtype, draft_tokens.device
+    else:
+        batch, gamma = draft_kv.shape[:2]
+        token_dtype, device = torch.int64, draft_kv.device
+    workload = VerifyWorkload(
+        config=_config(batch, gamma, token_dtype, draft_kv),
+        draft_tokens=draft_tokens if draft_tokens is not None else torch.zeros((batch, gamma), dtype=token_dtype, device=device),
+        target_tokens=target_tokens if target_tokens is not None else torch.zeros((batch, gamma + 1), dtype=token_dtype, device=device),
+        # verify implementations never read the oracle; it only gives them its shape.
+        accepted_lengths=accepted_lengths if accepted_lengths is not None else torch.empty(batch, dtype=torch.int64, device=device),
+        draft_kv=draft_kv,
+    )
+    _run_registered(entry, workload, buffers)
+    return buffers
+
+
+# --- the previous step's acceptance, without a sync ------------------------------------------------
+class _PreviousMean:
+    """Mean accepted fraction of the last auto step on one device, copied to pinned memory asynchronously.
+
+    `alpha()` reads the copy only once its event has completed (event.query() never blocks), so the
+    value may lag a step behind; that is what "the previous step's mean" can mean without a sync.
+    """
+
+    def __init__(self) -> None:
+        self.pending: tuple[torch.Tensor, torch.cuda.Event, int] | None = None
+        self.latest: float | None = None
+
+    def alpha(self) -> float | None:
+        if self.pending is not None and self.pending[1].query():
+            host, _, gamma = self.pending
+            self.latest = float(host.double().mean()) / gamma
+            self.pending = None
+        return self.latest
+
+    def record(self, accepted_lengths: torch.Tensor, gamma: int) -> None:
+        if torch.cuda.is_current_stream_capturing() or (self.pending is not None and not self.pending[1].query()):
+            return  # never inside a graph capture; at most one copy in flight
+        host = torch.empty(accepted_lengths.shape, dtype=accepted_lengths.dtype, pin_memory=True)
+        host.copy_(accepted_lengths, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pending = (host, event, gamma)
+
+
+_previous: dict[str, _PreviousMean] = {}
+
+
+def previous_step_alpha(device: torch.device | str) -> float | None:
+    """The mean accepted fraction E[k]/γ of the last auto verify_pack on device, once it is known."""
+    tracker = _previous.get(str(device))
+    return tracker.alpha() if tracker is not None else None
+
+
+# --- public API ------------------------------------------------------------------------------------
+def verify(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, *, impl: str = "ballot",
+           out: Outputs | None = None) -> Outputs:
+    """Greedy verification: accepted_lengths, has_mismatch, next_tokens (see the module docstring)."""
+    batch, gamma = _check_tokens(draft_tokens, target_tokens)
+    device = draft_tokens.device
+    entry = _resolve("verify", impl, device)
+    if entry.name != EAGER:
+        _check_contiguous(entry.name, draft_tokens=draft_tokens, target_tokens=target_tokens)
+        _check_supports("verify", entry, batch, gamma, draft_tokens.dtype, None)
+    specs = _output_specs(batch, gamma, draft_tokens.dtype, None, None, VERIFY_OUTPUTS)
+    buffers = _outputs(out, specs, device)
+    return _run("verify", entry, draft_tokens=draft_tokens, target_tokens=target_tokens, buffers=buffers)
+
+
+def pack(draft_kv: torch.Tensor, accepted_lengths: torch.Tensor, *, impl: str = "pack_cuda",
+         out: Outputs | None = None) -> Outputs:
+    """Compact accepted KV rows: packed_kv [B·γ, kv_dim] (first Σ k_i rows valid), packed_offsets [B]."""
+    _check_kv(draft_kv, None, None, None, allow_float32=_require_tensor("draft_kv", draft_kv).device.type == "cpu")
+    batch, gamma, kv_dim = draft_kv.shape
+    device = draft_kv.device
+    _check_lengths(accepted_lengths, batch, device)
+    entry = _resolve("pack", impl, device)
+    if entry.name != EAGER:
+        _check_kv(draft_kv, None, None, None, allow_float32=False)
+        _check_contiguous(entry.name, draft_kv=draft_kv, accepted_lengths=accepted_lengths)
+        _check_supports("pack", entry, batch, gamma, torch.int64, draft_kv)
+    specs = _output_specs(batch, gamma, torch.int64, kv_dim, draft_kv.dtype, PACK_OUTPUTS)
+    buffers = _outputs(out, specs, device)
+    return _run("pack", entry, draft_kv=draft_kv, accepted_lengths=accepted_lengths, buffers=buffers)
+
+
+def verify_pack(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, draft_kv: torch.Tensor, *,
+                impl: str = "auto", expected_alpha: float | None = None, out: Outputs | None = None) -> Outputs:
+    """Verify, then pack the accepted KV, in one call; impl="auto" picks fused or two-step by size.
+
+    expected_alpha: expected accepted fraction E[k] / γ in [0, 1] (auto only); None uses the previous
+    auto step's mean on this device when known, else 1.0.
+    """
+    batch, gamma = _check_tokens(draft_tokens, target_tokens)
+    device = draft_tokens.device
+    _check_kv(draft_kv, batch, gamma, device, allow_float32=device.type == "cpu")
+    kv_dim = draft_kv.shape[2]
+    if expected_alpha is not None and not (isinstance(expected_alpha, (int, float)) and 0.0 <= expected_alpha <= 1.0):
+        raise SdbenchError(f"expected_alpha must be a number in [0, 1] (the expected accepted fraction E[k]/γ), "
+                           f"got {expected_alpha!r}")
+    track = False
+    if impl == "auto":
+        alpha = expected_alpha
+        if alpha is None and device.type == "cuda":
+            alpha = previous_step_alpha(device)
+            track = True
+        kv_dtype = next((name for name, dtype in KV_DTYPES.items() if dtype == draft_kv.dtype), "float16")
+        impl = dispatch.choose(device, batch, gamma, kv_dim, draft_kv.element_size(),
+                               DEFAULT_EXPECTED_ALPHA if alpha is None else alpha, kv_dtype).impl
+    entry = _resolve("verify_pack", impl, device)
+    if entry.name != EAGER:
+        _check_kv(draft_kv, batch, gamma, device, allow_float32=False)
+        _check_contiguous(entry.name, draft_tokens=draft_tokens, target_tokens=target_tokens, draft_kv=draft_kv)
+        _check_supports("verify_pack", entry, batch, gamma, draft_tokens.dtype, draft_kv)
+    specs = _output_specs(batch, gamma, draft_tokens.dtype, kv_dim, draft_kv.dtype, VERIFY_OUTPUTS + PACK_OUTPUTS)
+    buffers = _outputs(out, specs, device)
+    outputs = _run("verify_pack", entry, draft_tokens=draft_tokens, target_tokens=target_tokens, draft_kv=draft_kv,
+                   buffers=buffers)
+    if track:
+        _previous.setdefault(str(device), _PreviousMean()).record(outputs["accepted_lengths"], gamma)
+    return outputs

@@ -1,0 +1,201 @@
+"""The runtime dispatcher behind `verify_pack(..., impl="auto")`: fused or two-step, by workload size.
+
+Rule (from the profile matching the current GPU, see sdbench.profiles):
+    accepted KV bytes  B · E[k] · kv_dim · elem_size  <  τ   ->  the profile's small-work impl
+                                                      else  ->  its large-work impl
+E[k] = expected_alpha · γ comes from the caller (or the previous step's mean): the decision reads
+shapes and that number only, never a tensor's contents, so it adds no host sync. Decisions are cached
+per (device, shape, α), so the hot path is one dict lookup.
+
+With no profile for this GPU it falls back, warning once, to DEFAULT_PROFILE: the published study's
+L40S crossover (τ ≈ 5 MB, fused_single_block vs ballot + draft_kv[mask]).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from dataclasses import dataclass
+
+from sdbench import profiles
+from sdbench.profiles import Profile, format_bytes
+
+DEFAULT_PROFILE = Profile(
+    gpu_name="NVIDIA L40S", gpu_cc="8.9", tau_bytes=5e6,
+    small_impl="fused_single_block", large_impl="ballot+pack_torch",
+    note="the published study's L40S crossover (τ ≈ 5 MB of accepted KV); the default when no profile matches",
+)
+DEFAULT_SOURCE = "built-in default (published L40S study, τ ≈ 5 MB)"
+CPU_IMPL = "torch_eager"
+
+
+@dataclass(frozen=True)
+class Decision:
+    impl: str
+    reason: str
+    kv_bytes: float  # estimated accepted KV bytes
+    profile: Profile
+    profile_source: str  # the profile's file, or DEFAULT_SOURCE
+
+
+def estimate_accepted_kv_bytes(batch_size: int, gamma: int, kv_dim: int, kv_elem_size: int,
+                               expected_alpha: float) -> float:
+    """B · E[k] · kv_dim · elem_size with E[k] = α · γ (α: expected accepted fraction of the draft)."""
+    return batch_size * expected_alpha * gamma * kv_dim * kv_elem_size
+
+
+def _shape_reason(impl_name: str, batch_size: int, gamma: int, kv_dim: int, kv_dtype: str) -> str | None:
+    """Why the registered implementation cannot take this shape; None when it can or is not registered
+    here (whether it can run on this device is `choose`'s question)."""
+    from sdbench import registry
+    from sdbench.workload import VerifyConfig
+
+    for impl in registry.implementations("verify_pack"):
+        if impl.name == impl_name:
+            config = VerifyConfig(batch_size=batch_size, gamma=gamma, kv_dim=kv_dim, kv_dtype=kv_dtype)
+            return impl.supports(config)
+    return None
+
+
+def decide(batch_size: int, gamma: int, kv_dim: int, kv_elem_size: int, expected_alpha: float,
+           profile: Profile, profile_source: str = "", kv_dtype: str = "float16") -> Decision:
+    """The profile's rule for this shape (device-independent; see `choose` for availability)."""
+    kv_bytes = estimate_accepted_kv_bytes(batch_size, gamma, kv_dim, kv_elem_size, expected_alpha)
+    tau = profile.tau_bytes
+    if math.isinf(tau):
+        impl, why = profile.small_impl, f"τ = ∞ on {profile.gpu_name}: {profile.small_impl} wins at every size"
+    elif kv_bytes < tau:
+        impl, why = profile.small_impl, f"{format_bytes(kv_bytes)} of accepted KV < τ = {format_bytes(tau)}"
+    else:
+        impl, why = profile.large_impl, f"{format_bytes(kv_bytes)} of accepted KV ≥ τ = {format_bytes(tau)}"
+    if impl == profile.small_impl:
+        cannot = _shape_reason(impl, batch_size, gamma, kv_dim, kv_dtype)
+        if cannot:
+            impl, why = profile.large_impl, f"{why}, but {profile.small_impl} cannot run it ({cannot})"
+    return Decision(impl, why, kv_bytes, profile, profile_source)
+
+
+# --- the profile of the current GPU ---------------------------------------------------------------
+_warned_gpus: set[str] = set()
+
+
+def reset() -> None:
+    """Forget cached profiles, decisions and warnings (tests; after writing a new profile)."""
+    _warned_gpus.clear()
+    profile_for_gpu.cache_clear()
+    _device_identity.cache_clear()
+    _cached_choice.cache_clear()
+    _availability.cache_clear()
+
+
+@functools.cache
+def profile_for_gpu(gpu_name: str, gpu_cc: str = "") -> tuple[Profile, str]:
+    """(profile, where it came from) for a GPU; DEFAULT_PROFILE with a one-time warning if none matches."""
+    directory = profiles.profiles_dir()
+    found = profiles.match_profile(profiles.load_profiles(directory), gpu_name, gpu_cc)
+    if found is not None:
+        return found, str(directory / f"{found.slug}.toml")
+    if gpu_name not in _warned_gpus:
+        _warned_gpus.add(gpu_name)
+        warnings.warn(
+            f"sdbench: no profile for {gpu_name!r} (CC {gpu_cc or '?'}) in {directory}; the dispatcher uses the "
+            f"{DEFAULT_SOURCE}. Run `sdbench calibrate-tau` on this GPU to write one.",
+            stacklevel=3,
+        )
+    return DEFAULT_PROFILE, DEFAULT_SOURCE
+
+
+@functools.cache
+def _device_identity(device_index: int) -> tuple[str, str]:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return torch.cuda.get_device_name(device_index), f"{major}.{minor}"
+
+
+@functools.cache
+def _availability(impl_name: str, device: str) -> str | None:
+    from sdbench import registry
+
+    try:
+        impl = registry.get("verify_pack", impl_name)
+    except ValueError as err:
+        return str(err)
+    return impl.unavailable_reason(device)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_choice(device: str, batch_size: int, gamma: int, kv_dim: int, kv_elem_size: int,
+                   expected_alpha: float, kv_dtype: str) -> Decision:
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return Decision(CPU_IMPL, "CPU tensors run the eager PyTorch reference", 0.0, DEFAULT_PROFILE, "")
+    index = torch.device(device).index
+    gpu_name, gpu_cc = _device_identity(index if index is not None else torch.cuda.current_device())
+    profile, source = profile_for_gpu(gpu_name, gpu_cc)
+    decision = decide(batch_size, gamma, kv_dim, kv_elem_size, expected_alpha, profile, source, kv_dtype)
+    chain = [decision.impl] + [name for name in (profile.large_impl, CPU_IMPL) if name != decision.impl]
+    why = decision.reason
+    for name in chain:
+        missing = _availability(name, device)
+        if missing is None:
+            return Decision(name, why, decision.kv_bytes, profile, source)
+        why = f"{why}; {name} unavailable here ({missing})"
+    return Decision(CPU_IMPL, why, decision.kv_bytes, profile, source)
+
+
+def choose(device, batch_size: int, gamma: int, kv_dim: int, kv_elem_size: int, expected_alpha: float,
+           kv_dtype: str = "float16") -> Decision:
+    """The implementation `verify_pack(impl="auto")` runs for this shape on device (cached)."""
+    return _cached_choice(str(device), batch_size, gamma, kv_dim, kv_elem_size, round(float(expected_alpha), 3),
+                          kv_dtype)
+
+
+def explain(batch_size: int, gamma: int, alpha: float, kv_dim: int, kv_dtype: str = "float16",
+            gpu_name: str | None = None, dist: str = "binomial") -> tuple[Decision, list[str]]:
+    """The decision for a workload and every fact it rests on, for `sdbench list --dispatch`.
+
+    alpha is the acceptance rate of dist (binomial: E[k] = α·γ; geometric: α(1 − α^γ)/(1 − α)).
+    """
+    import torch
+
+    from sdbench.workload import KV_DTYPES, VerifyConfig, expected_accepted_length
+
+    config = VerifyConfig(batch_size=batch_size, gamma=gamma, alpha=alpha, kv_dim=kv_dim, kv_dtype=kv_dtype, dist=dist)
+    expected_k = expected_accepted_length(config)
+    elem_size = torch.empty((), dtype=KV_DTYPES[kv_dtype]).element_size()
+    lines = []
+    on_gpu = gpu_name is None and torch.cuda.is_available()
+    if on_gpu:
+        gpu_name, gpu_cc = _device_identity(torch.cuda.current_device())
+        lines.append(f"GPU: {gpu_name} (CC {gpu_cc})")
+    elif gpu_name is None:
+        gpu_cc = ""
+        lines.append("no CUDA device here: showing the rule of the profile a GPU would use (pick one with --gpu NAME)")
+    else:
+        gpu_cc = ""
+        lines.append(f"GPU: {gpu_name} (given with --gpu)")
+    if gpu_name is None:
+        profile, source = DEFAULT_PROFILE, DEFAULT_SOURCE
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            profile, source = profile_for_gpu(gpu_name, gpu_cc)
+    lines.append(f"profile: {source}" + (f" (no profile matches {gpu_name!r})" if source == DEFAULT_SOURCE and gpu_name
+                                         else ""))
+    lines.append(f"rule: {profile.rule()}")
+    if profile.tau_high_bytes != math.inf or profile.tau_low_bytes > 0:
+        lines.append(f"τ band: {format_bytes(profile.tau_low_bytes)} to {format_bytes(profile.tau_high_bytes)}")
+    lines.append(f"E[k] = {expected_k:.3g} of γ = {gamma} ({dist}, α = {alpha:g}); accepted KV = B · E[k] · kv_dim · "
+                 f"elem = {batch_size} · {expected_k:.3g} · {kv_dim} · {elem_size} = "
+                 f"{format_bytes(batch_size * expected_k * kv_dim * elem_size)}")
+    decision = decide(batch_size, gamma, kv_dim, elem_size, expected_k / gamma, profile, source, kv_dtype)
+    if on_gpu:
+        device = f"cuda:{torch.cuda.current_device()}"
+        chosen = choose(device, batch_size, gamma, kv_dim, elem_size, expected_k / gamma, kv_dtype)
+        if chosen.impl != decision.impl:
+            decision = chosen
+    lines.append(f"decision: {decision.impl} ({decision.reason})")
+    return decision, lines

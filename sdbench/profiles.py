@@ -1,0 +1,248 @@
+"""Per-GPU calibration profiles: `profiles/<gpu-slug>.toml`, written by `sdbench calibrate-tau`.
+
+A profile is small and flat (one TOML table of scalars and string lists), so it is written by hand here
+and read with tomllib (Python >= 3.11) or the tiny parser below on 3.10: no dependency for 20 lines.
+The dispatcher (`sdbench.dispatch`) matches the current GPU to a profile by name, then by compute
+capability plus model (e.g. two H100 80GB variants share a profile only when no exact one exists).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sdbench.errors import SdbenchError
+
+PROFILE_VERSION = 1
+PROFILES_ENV = "SDBENCH_PROFILES"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What calibrate-tau measured on one GPU, and the dispatcher rule it implies.
+
+    Rule: accepted KV bytes (B · E[k] · kv_dim · elem_size) < tau_bytes -> small_impl, else large_impl.
+    tau_bytes = inf: the small-work implementation won at every measured size; 0: it never won.
+    """
+
+    gpu_name: str
+    tau_bytes: float
+    small_impl: str = "fused_single_block"
+    large_impl: str = "ballot+pack_torch"
+    gpu_cc: str = ""
+    gpu_sms: int = 0
+    driver: str = ""
+    tau_low_bytes: float = 0.0  # bootstrap confidence band on tau
+    tau_high_bytes: float = math.inf
+    view: str = "wall"  # the timing view tau was fitted on
+    launch_floor_us: float = 0.0
+    copy_bandwidth_gbps: float = 0.0  # device-to-device copy, bytes read + written per second
+    copy_bandwidth_source: str = ""  # "cuda events" or "max achieved in the results"
+    configs: int = 0  # configs both implementations were measured on
+    misclassified: int = 0  # of those, configs where the rule picks the slower one
+    date: str = ""
+    sdbench_version: str = ""
+    source_run_ids: list[str] = field(default_factory=list)
+    note: str = ""
+    profile_version: int = PROFILE_VERSION
+
+    @property
+    def slug(self) -> str:
+        return gpu_slug(self.gpu_name)
+
+    def rule(self) -> str:
+        """The one-line dispatcher rule, in words."""
+        if math.isinf(self.tau_bytes):
+            return f"{self.gpu_name}: always {self.small_impl} (no crossover in measured range; τ = ∞)"
+        if self.tau_bytes <= 0:
+            return f"{self.gpu_name}: always {self.large_impl} (no crossover in measured range; τ = 0)"
+        return (
+            f"{self.gpu_name}: accepted KV bytes < τ = {format_bytes(self.tau_bytes)} -> {self.small_impl}, "
+            f"else {self.large_impl}"
+        )
+
+
+def gpu_slug(gpu_name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (the profile's file name)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+    return slug or "unknown-gpu"
+
+
+def format_bytes(n_bytes: float) -> str:
+    if math.isinf(n_bytes):
+        return "∞"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n_bytes) >= size:
+            return f"{n_bytes / size:.3g} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
+def profiles_dir() -> Path:
+    """$SDBENCH_PROFILES, else the repository's profiles/ beside the sdbench package."""
+    configured = os.environ.get(PROFILES_ENV)
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parent.parent / "profiles"
+
+
+# --- TOML ----------------------------------------------------------------------------------------
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if math.isnan(value):
+            return "nan"
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to a profile")
+
+
+def dumps(profile: Profile) -> str:
+    lines = [
+        f"# sdbench profile for {profile.gpu_name}, written by `sdbench calibrate-tau`.",
+        f"# Rule: {profile.rule()}",
+    ]
+    for item in dataclasses.fields(profile):
+        lines.append(f"{item.name} = {_toml_value(getattr(profile, item.name))}")
+    return "\n".join(lines) + "\n"
+
+
+def _parse_scalar(text: str, where: str):
+    text = text.strip()
+    if text.startswith('"') and text.endswith('"') and len(text) >= 2:
+        body = text[1:-1]
+        return re.sub(r'\\(["\\n])', lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), body)
+    if text in ("true", "false"):
+        return text == "true"
+    if text in ("inf", "+inf", "-inf", "nan"):
+        return float(text)
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise SdbenchError(f"{where}: cannot read value {text!r}") from None
+
+
+def _split_array(body: str) -> list[str]:
+    items, current, quoted = [], "", False
+    for char in body:
+        if char == '"' and not current.endswith("\\"):
+            quoted = not quoted
+        if char == "," and not quoted:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    return [item for item in items if item.strip()]
+
+
+def parse_flat_toml(text: str, where: str = "profile") -> dict:
+    """The subset of TOML profiles use: `key = value` lines, scalars and one-line arrays, comments."""
+    values = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, rest = line.partition("=")
+        if not sep:
+            raise SdbenchError(f"{where}:{number}: expected `key = value`, got {line!r}")
+        rest = rest.strip()
+        if not rest.startswith('"') and "#" in rest:
+            rest = rest.split("#", 1)[0].strip()
+        if rest.startswith("["):
+            if not rest.endswith("]"):
+                raise SdbenchError(f"{where}:{number}: arrays must close on the same line")
+            values[key.strip()] = [_parse_scalar(item, f"{where}:{number}") for item in _split_array(rest[1:-1])]
+        else:
+            values[key.strip()] = _parse_scalar(rest, f"{where}:{number}")
+    return values
+
+
+def loads(text: str, where: str = "profile") -> Profile:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        data = parse_flat_toml(text, where)
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise SdbenchError(f"{where} is not valid TOML: {err}") from None
+    known = {item.name: item for item in dataclasses.fields(Profile)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise SdbenchError(f"{where}: unknown keys {', '.join(unknown)} (written by a newer sdbench?)")
+    for required in ("gpu_name", "tau_bytes"):
+        if required not in data:
+            raise SdbenchError(f"{where}: missing {required!r}; re-run `sdbench calibrate-tau`")
+    if data.get("profile_version", PROFILE_VERSION) != PROFILE_VERSION:
+        raise SdbenchError(
+            f"{where}: profile version {data['profile_version']} is not {PROFILE_VERSION}; re-run `sdbench calibrate-tau`"
+        )
+    for name in ("tau_bytes", "tau_low_bytes", "tau_high_bytes", "launch_floor_us", "copy_bandwidth_gbps"):
+        if name in data:
+            data[name] = float(data[name])
+    if "source_run_ids" in data:
+        data["source_run_ids"] = [str(run_id) for run_id in data["source_run_ids"]]
+    return Profile(**data)
+
+
+def write_profile(profile: Profile, directory: str | Path | None = None) -> Path:
+    directory = Path(directory) if directory is not None else profiles_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{profile.slug}.toml"
+    temporary = path.with_suffix(".toml.tmp")
+    temporary.write_text(dumps(profile))
+    temporary.replace(path)
+    return path
+
+
+def read_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    if not path.is_file():
+        raise SdbenchError(f"profile {str(path)!r} does not exist")
+    return loads(path.read_text(), where=str(path))
+
+
+def load_profiles(directory: str | Path | None = None) -> list[Profile]:
+    """Every readable `*.toml` profile in directory (sorted by file name)."""
+    directory = Path(directory) if directory is not None else profiles_dir()
+    if not directory.is_dir():
+        return []
+    return [read_profile(path) for path in sorted(directory.glob("*.toml"))]
+
+
+def _model_token(gpu_name: str) -> str:
+    """The model word of a GPU name: 'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA L40S' -> 'l40s'."""
+    for word in gpu_slug(gpu_name).split("-"):
+        if word not in ("nvidia", "tesla", "geforce", "rtx", "quadro") and re.search(r"\d", word):
+            return word
+    return gpu_slug(gpu_name)
+
+
+def match_profile(profiles: list[Profile], gpu_name: str, gpu_cc: str = "") -> Profile | None:
+    """The profile for this GPU: same name (case-insensitive), else same compute capability and model."""
+    for profile in profiles:
+        if profile.slug == gpu_slug(gpu_name):
+            return profile
+    if gpu_cc:
+        for profile in profiles:
+            if profile.gpu_cc == gpu_cc and _model_token(profile.gpu_name) == _model_token(gpu_name):
+                return profile
+    return None

@@ -1,0 +1,117 @@
+"""The dispatcher: picks by τ on estimated accepted KV bytes, never reads tensors, falls back (warning once)
+to the published L40S default when no profile matches the GPU."""
+
+import math
+import warnings
+
+import pytest
+from typer.testing import CliRunner
+
+from sdbench import dispatch, profiles
+from sdbench.cli import app
+from sdbench.profiles import Profile
+
+runner = CliRunner()
+H100 = "NVIDIA H100 80GB HBM3"
+PROFILE = Profile(gpu_name=H100, gpu_cc="9.0", tau_bytes=4e6, small_impl="fused_single_block",
+                  large_impl="ballot+pack_torch")
+
+
+@pytest.fixture(autouse=True)
+def isolated_profiles(tmp_path, monkeypatch):
+    """Every test sees its own (empty) profiles folder and a fresh dispatcher cache."""
+    monkeypatch.setenv(profiles.PROFILES_ENV, str(tmp_path))
+    dispatch.reset()
+    yield tmp_path
+    dispatch.reset()
+
+
+def _decide(batch, gamma, kv_dim, alpha, profile=PROFILE):
+    return dispatch.decide(batch, gamma, kv_dim, 2, alpha, profile)
+
+
+def test_estimate_is_b_times_expected_k_times_row_bytes():
+    assert dispatch.estimate_accepted_kv_bytes(32, 128, 2048, 2, 0.9) == pytest.approx(32 * 0.9 * 128 * 2048 * 2)
+
+
+@pytest.mark.parametrize("batch, gamma, kv_dim, alpha, expected", [
+    (4, 8, 128, 0.9, "fused_single_block"),  # 7.4 KB
+    (32, 128, 512, 0.9, "fused_single_block"),  # 3.8 MB < 4 MB
+    (32, 128, 1024, 0.9, "ballot+pack_torch"),  # 7.5 MB
+    (32, 128, 2048, 0.3, "ballot+pack_torch"),  # 5.0 MB
+    (32, 128, 2048, 0.2, "fused_single_block"),  # 3.4 MB: lower acceptance, less to copy
+])
+def test_picks_by_tau(batch, gamma, kv_dim, alpha, expected):
+    assert _decide(batch, gamma, kv_dim, alpha).impl == expected
+
+
+def test_infinite_tau_always_picks_the_small_side():
+    forever = Profile(gpu_name=H100, tau_bytes=math.inf, small_impl="fused", large_impl="ballot+pack_torch")
+    for batch in (1, 32, 4096):
+        decision = _decide(batch, 1024, 8192, 1.0, forever)
+        assert decision.impl == "fused" and "τ = ∞" in decision.reason
+
+
+def test_zero_tau_always_picks_the_large_side():
+    never = Profile(gpu_name=H100, tau_bytes=0.0)
+    assert _decide(1, 1, 8, 0.0, never).impl == "ballot+pack_torch"
+
+
+def test_small_side_that_cannot_take_the_shape_yields(monkeypatch):
+    """fused_single_block is one block of 32 warps: B > 32 goes to the large side, with the reason."""
+    monkeypatch.setattr(dispatch, "_shape_reason", lambda name, b, *_: "needs B <= 32" if b > 32 else None)
+    decision = _decide(64, 8, 128, 0.5)
+    assert decision.impl == "ballot+pack_torch" and "cannot run it (needs B <= 32)" in decision.reason
+
+
+def test_profile_for_a_calibrated_gpu(isolated_profiles):
+    profiles.write_profile(PROFILE, isolated_profiles)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found, source = dispatch.profile_for_gpu(H100, "9.0")
+    assert found == PROFILE and source.endswith("nvidia-h100-80gb-hbm3.toml")
+
+
+def test_unknown_gpu_falls_back_to_the_l40s_default_warning_once():
+    with pytest.warns(UserWarning, match="no profile for 'NVIDIA B200'.*published L40S"):
+        found, source = dispatch.profile_for_gpu("NVIDIA B200", "10.0")
+    assert found is dispatch.DEFAULT_PROFILE and found.tau_bytes == 5e6 and source == dispatch.DEFAULT_SOURCE
+    dispatch.profile_for_gpu.cache_clear()  # even when asked again from scratch: no second warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dispatch.profile_for_gpu("NVIDIA B200", "10.0")
+
+
+def test_cpu_tensors_run_the_eager_reference():
+    decision = dispatch.choose("cpu", 32, 128, 2048, 2, 0.9)
+    assert decision.impl == "torch_eager"
+
+
+def test_choose_is_cached_per_shape():
+    first = dispatch.choose("cpu", 4, 8, 64, 2, 0.5)
+    assert dispatch.choose("cpu", 4, 8, 64, 2, 0.5) is first
+
+
+def test_list_dispatch_with_the_default(isolated_profiles):
+    args = ["list", "--dispatch", "--b", "32", "--gamma", "128", "--alpha", "0.9", "--kv-dim", "2048",
+            "--gpu", "NVIDIA B200"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "built-in default (published L40S study, τ ≈ 5 MB)" in output
+    assert "= 15.1 MB" in output and "decision: ballot+pack_torch" in output
+
+
+def test_list_dispatch_with_a_profile(isolated_profiles):
+    profiles.write_profile(Profile(gpu_name=H100, gpu_cc="9.0", tau_bytes=math.inf, small_impl="fused"),
+                           isolated_profiles)
+    args = ["list", "--dispatch", "--b", "32", "--gamma", "128", "--alpha", "0.9", "--kv-dim", "2048", "--gpu", H100]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "nvidia-h100-80gb-hbm3.toml" in "".join(output.split()) and "decision: fused" in output
+
+
+def test_list_dispatch_needs_the_workload():
+    result = runner.invoke(app, ["list", "--dispatch", "--b", "32"])
+    assert result.exit_code == 2 and "--dispatch needs" in result.output
