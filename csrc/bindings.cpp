@@ -1,0 +1,268 @@
+// The only file that knows torch: tensor checks, the current CUDA stream, dtype dispatch and the
+// `sdbench::` custom-op registration. Kernels and launchers live in the pure-CUDA csrc/*.cu files.
+//
+// Outputs are caller-provided and mutated (alias annotations `Tensor(a!)`), so every op but
+// pack_naive is allocation-free apart from the cooperative drivers' small scratch workspace (taken
+// from the caching allocator: no sync, graph-capturable), and none of them synchronizes the host.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>  // at::cuda::getCurrentCUDAStream is this, without cuBLAS/cuSPARSE headers
+#include <torch/library.h>
+
+#include <cstdint>
+#include <limits>
+#include <tuple>
+
+#include "common.cuh"
+
+namespace sdbench {
+namespace {
+
+constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();  // B*gamma must fit int32 (shared scans)
+
+void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, "sdbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
+void check_cuda_contiguous(const at::Tensor& t, const char* name, const at::Device& device) {
+  TORCH_CHECK(t.is_cuda(), "sdbench: ", name, " must be a CUDA tensor, got one on ", t.device());
+  TORCH_CHECK(t.device() == device, "sdbench: ", name, " is on ", t.device(), " but the inputs are on ", device);
+  TORCH_CHECK(t.is_contiguous(), "sdbench: ", name, " must be contiguous (call .contiguous() first)");
+}
+
+void check_output(const at::Tensor& t, const char* name, at::ScalarType dtype, at::IntArrayRef shape,
+                  const at::Device& device) {
+  check_cuda_contiguous(t, name, device);
+  TORCH_CHECK(t.scalar_type() == dtype, "sdbench: ", name, " must be ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(t.sizes() == shape, "sdbench: ", name, " must have shape ", shape, ", got ", t.sizes());
+}
+
+TokenType token_type_of(const at::Tensor& tokens) {
+  return tokens.scalar_type() == at::kLong ? TokenType::kInt64 : TokenType::kInt32;
+}
+
+// draft [B, gamma] and target [B, gamma+1], same integer dtype and device; returns {B, gamma}.
+std::tuple<int64_t, int64_t> check_tokens(const at::Tensor& draft, const at::Tensor& target) {
+  check_cuda_contiguous(draft, "draft_tokens", draft.device());
+  check_cuda_contiguous(target, "target_tokens", draft.device());
+  TORCH_CHECK(draft.scalar_type() == at::kLong || draft.scalar_type() == at::kInt,
+              "sdbench: draft_tokens must be int64 or int32, got ", draft.scalar_type());
+  TORCH_CHECK(target.scalar_type() == draft.scalar_type(), "sdbench: target_tokens must have draft_tokens' dtype ",
+              draft.scalar_type(), ", got ", target.scalar_type());
+  TORCH_CHECK(draft.dim() == 2, "sdbench: draft_tokens must be [B, gamma], got shape ", draft.sizes());
+  const int64_t batch = draft.size(0), gamma = draft.size(1);
+  TORCH_CHECK(gamma >= 1, "sdbench: gamma (draft_tokens.size(1)) must be >= 1");
+  TORCH_CHECK(target.dim() == 2 && target.size(0) == batch && target.size(1) == gamma + 1,
+              "sdbench: target_tokens must be [B, gamma+1] = [", batch, ", ", gamma + 1, "], got ", target.sizes());
+  TORCH_CHECK(batch * gamma <= kMaxRows, "sdbench: B*gamma = ", batch * gamma, " exceeds ", kMaxRows);
+  return {batch, gamma};
+}
+
+void check_verify_outputs(const at::Tensor& draft, int64_t batch, const at::Tensor& accepted_lengths,
+                          const at::Tensor& has_mismatch, const at::Tensor& next_tokens) {
+  check_output(accepted_lengths, "accepted_lengths", at::kLong, {batch}, draft.device());
+  check_output(has_mismatch, "has_mismatch", at::kBool, {batch}, draft.device());
+  check_output(next_tokens, "next_tokens", draft.scalar_type(), {batch}, draft.device());
+}
+
+// draft_kv [B, gamma, kv_dim] fp16/bf16; returns row_bytes.
+int64_t check_kv(const at::Tensor& draft_kv, int64_t batch, int64_t gamma, const at::Device& device) {
+  check_cuda_contiguous(draft_kv, "draft_kv", device);
+  TORCH_CHECK(draft_kv.scalar_type() == at::kHalf || draft_kv.scalar_type() == at::kBFloat16,
+              "sdbench: draft_kv must be float16 or bfloat16, got ", draft_kv.scalar_type());
+  TORCH_CHECK(draft_kv.dim() == 3 && draft_kv.size(0) == batch && draft_kv.size(1) == gamma,
+              "sdbench: draft_kv must be [B, gamma, kv_dim] with B=", batch, ", gamma=", gamma, ", got ",
+              draft_kv.sizes());
+  TORCH_CHECK(draft_kv.size(2) >= 1, "sdbench: kv_dim must be >= 1");
+  return draft_kv.size(2) * static_cast<int64_t>(draft_kv.element_size());
+}
+
+// packed_kv [>= B*gamma, kv_dim] (rows past sum k are left as they are), packed_offsets int64 [B].
+void check_pack_outputs(const at::Tensor& draft_kv, const at::Tensor& packed_kv, const at::Tensor& packed_offsets) {
+  const int64_t batch = draft_kv.size(0), gamma = draft_kv.size(1), kv_dim = draft_kv.size(2);
+  check_cuda_contiguous(packed_kv, "packed_kv", draft_kv.device());
+  TORCH_CHECK(packed_kv.scalar_type() == draft_kv.scalar_type(), "sdbench: packed_kv must have draft_kv's dtype ",
+              draft_kv.scalar_type(), ", got ", packed_kv.scalar_type());
+  TORCH_CHECK(packed_kv.dim() == 2 && packed_kv.size(0) >= batch * gamma && packed_kv.size(1) == kv_dim,
+              "sdbench: packed_kv must be [B*gamma, kv_dim] = [", batch * gamma, ", ", kv_dim,
+              "] (preallocated for the worst case), got ", packed_kv.sizes());
+  check_output(packed_offsets, "packed_offsets", at::kLong, {batch}, draft_kv.device());
+}
+
+cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+// ---- ops ------------------------------------------------------------------------------------------
+
+// `dummy` only routes the call to the CUDA kernel of its device: the dispatcher needs a tensor, and
+// paying the same dispatch as the real ops keeps the launch floor comparable.
+void empty_op(const at::Tensor& dummy) {
+  const c10::cuda::CUDAGuard guard(dummy.device());
+  check_launch(launch_empty(current_stream()), "empty");
+}
+
+using VerifyLauncher = cudaError_t (*)(TokenType, const void*, const void*, int64_t*, bool*, void*, int64_t, int64_t,
+                                       cudaStream_t);
+
+void run_verify(VerifyLauncher launcher, const char* op, const at::Tensor& draft_tokens,
+                const at::Tensor& target_tokens, at::Tensor& accepted_lengths, at::Tensor& has_mismatch,
+                at::Tensor& next_tokens) {
+  const auto [batch, gamma] = check_tokens(draft_tokens, target_tokens);
+  check_verify_outputs(draft_tokens, batch, accepted_lengths, has_mismatch, next_tokens);
+  const c10::cuda::CUDAGuard guard(draft_tokens.device());
+  check_launch(launcher(token_type_of(draft_tokens), draft_tokens.data_ptr(), target_tokens.data_ptr(),
+                        accepted_lengths.data_ptr<int64_t>(), has_mismatch.data_ptr<bool>(), next_tokens.data_ptr(),
+                        batch, gamma, current_stream()),
+               op);
+}
+
+void verify_naive_op(const at::Tensor& draft_tokens, const at::Tensor& target_tokens, at::Tensor& accepted_lengths,
+                     at::Tensor& has_mismatch, at::Tensor& next_tokens) {
+  run_verify(launch_verify_naive, "verify_naive", draft_tokens, target_tokens, accepted_lengths, has_mismatch,
+             next_tokens);
+}
+
+void verify_ballot_op(const at::Tensor& draft_tokens, const at::Tensor& target_tokens, at::Tensor& accepted_lengths,
+                      at::Tensor& has_mismatch, at::Tensor& next_tokens) {
+  run_verify(launch_verify_ballot, "verify_ballot", draft_tokens, target_tokens, accepted_lengths, has_mismatch,
+             next_tokens);
+}
+
+void check_lengths(const at::Tensor& accepted_lengths, int64_t batch, const at::Device& device) {
+  check_output(accepted_lengths, "accepted_lengths", at::kLong, {batch}, device);
+}
+
+// The published packer, flaws kept: offsets by a host-launched cumsum and a .item() sync for the
+// output size. Lengths are clamped to [0, gamma] first so bad input cannot write out of bounds.
+std::tuple<at::Tensor, at::Tensor> pack_naive_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths) {
+  check_cuda_contiguous(draft_kv, "draft_kv", draft_kv.device());
+  TORCH_CHECK(draft_kv.dim() == 3, "sdbench: draft_kv must be [B, gamma, kv_dim], got ", draft_kv.sizes());
+  const int64_t batch = draft_kv.size(0), gamma = draft_kv.size(1);
+  const int64_t row_bytes = check_kv(draft_kv, batch, gamma, draft_kv.device());
+  check_lengths(accepted_lengths, batch, draft_kv.device());
+  const c10::cuda::CUDAGuard guard(draft_kv.device());
+  const at::Tensor lengths = accepted_lengths.clamp(0, gamma);
+  const at::Tensor packed_offsets = at::cumsum(lengths, 0) - lengths;
+  const int64_t total_rows = lengths.sum().item<int64_t>();  // host sync, as published
+  at::Tensor packed_kv = at::empty({total_rows, draft_kv.size(2)}, draft_kv.options());
+  check_launch(launch_pack_naive(draft_kv.data_ptr(), lengths.data_ptr<int64_t>(), packed_offsets.data_ptr<int64_t>(),
+                                 packed_kv.data_ptr(), batch, gamma, row_bytes, current_stream()),
+               "pack_naive");
+  return {packed_kv, packed_offsets};
+}
+
+at::Tensor workspace_for(int64_t elems, const at::Tensor& like) {
+  return at::empty({elems > 0 ? elems : 1}, like.options().dtype(at::kLong));
+}
+
+void pack_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
+             at::Tensor& packed_offsets) {
+  check_cuda_contiguous(draft_kv, "draft_kv", draft_kv.device());
+  TORCH_CHECK(draft_kv.dim() == 3, "sdbench: draft_kv must be [B, gamma, kv_dim], got ", draft_kv.sizes());
+  const int64_t batch = draft_kv.size(0), gamma = draft_kv.size(1);
+  TORCH_CHECK(batch * gamma <= kMaxRows, "sdbench: B*gamma = ", batch * gamma, " exceeds ", kMaxRows);
+  const int64_t row_bytes = check_kv(draft_kv, batch, gamma, draft_kv.device());
+  check_lengths(accepted_lengths, batch, draft_kv.device());
+  check_pack_outputs(draft_kv, packed_kv, packed_offsets);
+  const c10::cuda::CUDAGuard guard(draft_kv.device());
+  const int64_t elems = pack_workspace_elems(batch, gamma, row_bytes);
+  at::Tensor workspace = elems > 0 ? workspace_for(elems, draft_kv) : at::Tensor();
+  check_launch(launch_pack(draft_kv.data_ptr(), accepted_lengths.data_ptr<int64_t>(), packed_kv.data_ptr(),
+                           packed_offsets.data_ptr<int64_t>(), batch, gamma, row_bytes,
+                           elems > 0 ? workspace.data_ptr<int64_t>() : nullptr, current_stream()),
+               "pack");
+}
+
+struct FusedArgs {
+  int64_t batch, gamma, row_bytes;
+};
+
+FusedArgs check_fused(const at::Tensor& draft_tokens, const at::Tensor& target_tokens, const at::Tensor& draft_kv,
+                      const at::Tensor& accepted_lengths, const at::Tensor& has_mismatch,
+                      const at::Tensor& next_tokens, const at::Tensor& packed_kv, const at::Tensor& packed_offsets) {
+  const auto [batch, gamma] = check_tokens(draft_tokens, target_tokens);
+  check_verify_outputs(draft_tokens, batch, accepted_lengths, has_mismatch, next_tokens);
+  const int64_t row_bytes = check_kv(draft_kv, batch, gamma, draft_tokens.device());
+  check_pack_outputs(draft_kv, packed_kv, packed_offsets);
+  return {batch, gamma, row_bytes};
+}
+
+void fused_single_block_op(const at::Tensor& draft_tokens, const at::Tensor& target_tokens,
+                           const at::Tensor& draft_kv, at::Tensor& accepted_lengths, at::Tensor& has_mismatch,
+                           at::Tensor& next_tokens, at::Tensor& packed_kv, at::Tensor& packed_offsets) {
+  const FusedArgs a = check_fused(draft_tokens, target_tokens, draft_kv, accepted_lengths, has_mismatch, next_tokens,
+                                  packed_kv, packed_offsets);
+  TORCH_CHECK(a.batch <= 32, "sdbench.fused_single_block: one warp per sequence in one block needs B <= 32, got B=",
+              a.batch, "; use sdbench.fused for any B");
+  const c10::cuda::CUDAGuard guard(draft_tokens.device());
+  check_launch(launch_fused_single_block(token_type_of(draft_tokens), draft_tokens.data_ptr(),
+                                         target_tokens.data_ptr(), draft_kv.data_ptr(),
+                                         accepted_lengths.data_ptr<int64_t>(), has_mismatch.data_ptr<bool>(),
+                                         next_tokens.data_ptr(), packed_kv.data_ptr(),
+                                         packed_offsets.data_ptr<int64_t>(), a.batch, a.gamma, a.row_bytes,
+                                         current_stream()),
+               "fused_single_block");
+}
+
+void fused_op(const at::Tensor& draft_tokens, const at::Tensor& target_tokens, const at::Tensor& draft_kv,
+              at::Tensor& accepted_lengths, at::Tensor& has_mismatch, at::Tensor& next_tokens, at::Tensor& packed_kv,
+              at::Tensor& packed_offsets) {
+  const FusedArgs a = check_fused(draft_tokens, target_tokens, draft_kv, accepted_lengths, has_mismatch, next_tokens,
+                                  packed_kv, packed_offsets);
+  const c10::cuda::CUDAGuard guard(draft_tokens.device());
+  const TokenType token_type = token_type_of(draft_tokens);
+  const int64_t elems = fused_workspace_elems(token_type, a.batch, a.gamma);
+  at::Tensor workspace = elems > 0 ? workspace_for(elems, draft_kv) : at::Tensor();
+  check_launch(launch_fused(token_type, draft_tokens.data_ptr(), target_tokens.data_ptr(), draft_kv.data_ptr(),
+                            accepted_lengths.data_ptr<int64_t>(), has_mismatch.data_ptr<bool>(),
+                            next_tokens.data_ptr(), packed_kv.data_ptr(), packed_offsets.data_ptr<int64_t>(), a.batch,
+                            a.gamma, a.row_bytes, elems > 0 ? workspace.data_ptr<int64_t>() : nullptr,
+                            current_stream()),
+               "fused");
+}
+
+// Meta kernels (shape-only tracing, torch.compile's fake tensors): the mutating ops return nothing.
+void empty_meta(const at::Tensor&) {}
+void verify_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&) {}
+void pack_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&) {}
+void fused_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&,
+                at::Tensor&, at::Tensor&) {}
+
+}  // namespace
+}  // namespace sdbench
+
+TORCH_LIBRARY(sdbench, m) {
+  m.def("empty(Tensor dummy) -> ()");
+  m.def(
+      "verify_naive(Tensor draft_tokens, Tensor target_tokens, Tensor(a!) accepted_lengths, "
+      "Tensor(b!) has_mismatch, Tensor(c!) next_tokens) -> ()");
+  m.def(
+      "verify_ballot(Tensor draft_tokens, Tensor target_tokens, Tensor(a!) accepted_lengths, "
+      "Tensor(b!) has_mismatch, Tensor(c!) next_tokens) -> ()");
+  m.def("pack_naive(Tensor draft_kv, Tensor accepted_lengths) -> (Tensor, Tensor)");
+  m.def("pack(Tensor draft_kv, Tensor accepted_lengths, Tensor(a!) packed_kv, Tensor(b!) packed_offsets) -> ()");
+  m.def(
+      "fused_single_block(Tensor draft_tokens, Tensor target_tokens, Tensor draft_kv, Tensor(a!) accepted_lengths, "
+      "Tensor(b!) has_mismatch, Tensor(c!) next_tokens, Tensor(d!) packed_kv, Tensor(e!) packed_offsets) -> ()");
+  m.def(
+      "fused(Tensor draft_tokens, Tensor target_tokens, Tensor draft_kv, Tensor(a!) accepted_lengths, "
+      "Tensor(b!) has_mismatch, Tensor(c!) next_tokens, Tensor(d!) packed_kv, Tensor(e!) packed_offsets) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(sdbench, CUDA, m) {
+  m.impl("empty", &sdbench::empty_op);
+  m.impl("verify_naive", &sdbench::verify_naive_op);
+  m.impl("verify_ballot", &sdbench::verify_ballot_op);
+  m.impl("pack_naive", &sdbench::pack_naive_op);
+  m.impl("pack", &sdbench::pack_op);
+  m.impl("fused_single_block", &sdbench::fused_single_block_op);
+  m.impl("fused", &sdbench::fused_op);
+}
+
+TORCH_LIBRARY_IMPL(sdbench, Meta, m) {
+  m.impl("empty", &sdbench::empty_meta);
+  m.impl("verify_naive", &sdbench::verify_meta);
+  m.impl("verify_ballot", &sdbench::verify_meta);
+  m.impl("pack", &sdbench::pack_meta);
+  m.impl("fused_single_block", &sdbench::fused_meta);
+  m.impl("fused", &sdbench::fused_meta);
+}
