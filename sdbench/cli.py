@@ -279,7 +279,7 @@ def _print_ptxas_report() -> None:
     for column in ("kernel", "registers", "shared memory (B)", "spill stores (B)", "spill loads (B)"):
         table.add_column(column)
     for row in rows:
-        table.add_row(*(str(row.get(k, "")) for k in ("kernel", "registers", "shared_bytes", "spill_stores", "spill_loads")))
+        table.add_row(*(str(row.get(k, "")) for k in ("kernel", "registers", "shared_bytes", "spill_store_bytes", "spill_load_bytes")))
     console.print(table)
 
 

@@ -22,7 +22,7 @@ from sdbench.workload import VerifyConfig, VerifyWorkload, make_workload
 POISON_INT = -7777
 POISON_KV = -12345.0
 
-MAX_KV_BYTES = 512 * 2**20  # configs whose draft KV would exceed this are skipped (and counted)
+MAX_INPUT_BYTES = 512 * 2**20  # configs whose inputs would exceed this are skipped (and counted)
 
 
 def poison(outputs: Outputs) -> None:
@@ -37,8 +37,22 @@ def poison(outputs: Outputs) -> None:
 
 
 def expected_outputs(op: str, workload: VerifyWorkload) -> Outputs:
-    """The reference answer for op on workload (float64-free: every op here is exact)."""
+    """The reference answer for op on workload.
+
+    Greedy ops are exact. prob_verify (a ProbWorkload in supplied randomness) is exact in its tokens
+    and lengths; its float intermediates (reference.PROB_FLOAT_INTERMEDIATES) are optional outputs
+    compared within an absolute tolerance, carried on the returned dict as `float_atol`.
+    """
     w = workload
+    if op == "prob_verify":
+        if w.randomness != "supplied":
+            raise ValueError("prob_verify parity needs supplied randomness: fast-mode draws have no reference")
+        outputs = reference.prob_verify(
+            w.draft_tokens, w.target_probs, w.draft_probs, w.uniforms, w.exponential_noise,
+            logprobs=w.config.logprobs, intermediates=True,
+        )
+        atol = reference.PROB_FLOAT_ATOL[w.config.prob_dtype]
+        return reference.ToleratedOutputs(outputs, {name: atol for name in reference.PROB_FLOAT_INTERMEDIATES})
     if op == "verify":
         return reference.verify(w.draft_tokens, w.target_tokens)
     if op == "pack":
@@ -52,10 +66,15 @@ def compare(expected: Outputs, actual: Outputs) -> str | None:
     """None when actual equals expected bit for bit; else a one-line description of the first diff.
 
     packed_kv is compared on its first sum(k_i) rows: kernels write into a preallocated [B·γ, kv_dim]
-    buffer whose tail is unspecified.
+    buffer whose tail is unspecified. Names in `expected.float_atol` (prob_verify's float
+    intermediates) may be absent from actual; present, they must be within that absolute tolerance
+    (a kernel may round differently from PyTorch, e.g. an approximate division or exp).
     """
+    float_atol = getattr(expected, "float_atol", {})
     for name, want in expected.items():
         if name not in actual:
+            if name in float_atol:
+                continue
             return f"{name}: missing from the outputs"
         got = actual[name]
         if name == "packed_kv":
@@ -64,6 +83,15 @@ def compare(expected: Outputs, actual: Outputs) -> str | None:
             return f"{name}: shape {tuple(got.shape)} != expected {tuple(want.shape)}"
         if got.dtype != want.dtype:
             return f"{name}: dtype {got.dtype} != expected {want.dtype}"
+        if name in float_atol:
+            error = (got.double() - want.double()).abs().nan_to_num(nan=float("inf"))
+            if bool((error > float_atol[name]).any()):
+                index = tuple(int(i) for i in torch.nonzero(error > float_atol[name])[0])
+                return (
+                    f"{name}: max |error| {float(error.max()):.3g} > atol {float_atol[name]:g}; first at "
+                    f"{list(index)}: got {got[index].item()}, expected {want[index].item()}"
+                )
+            continue
         got_bits, want_bits = _as_bits(got), _as_bits(want)
         differs = got_bits != want_bits
         if bool(differs.any()):
@@ -105,6 +133,12 @@ class ParityGrid:
     dists: tuple[str, ...] = ("binomial", "geometric")
     token_dtypes: tuple[str, ...] = ("int64", "int32")
     kv_dtypes: tuple[str, ...] = ("float16", "bfloat16")
+    # prob_verify reads B·(2γ+1)·V probabilities, so it has its own, smaller batch and γ lists.
+    prob_batch_sizes: tuple[int, ...] = (1, 8, 32, 128)
+    prob_gammas: tuple[int, ...] = (1, 4, 8, 16)
+    vocab_sizes: tuple[int, ...] = (32000, 128256, 152064)
+    prob_dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    logprobs: tuple[bool, ...] = (False, True)
 
 
 QUICK_GRID = ParityGrid(
@@ -115,11 +149,27 @@ QUICK_GRID = ParityGrid(
     dists=("geometric",),
     token_dtypes=("int64", "int32"),
     kv_dtypes=("float16",),
+    prob_batch_sizes=(1, 33),
+    prob_gammas=(1, 8),
+    vocab_sizes=(32000,),
+    prob_dtypes=("float32", "bfloat16"),
+    logprobs=(False, True),
 )
+
+
+def input_bytes(op: str, cfg: VerifyConfig) -> int:
+    """The largest input a config needs: the draft KV, or prob_verify's p, q and noise."""
+    if op != "prob_verify":
+        return cfg.kv_bytes
+    elem = 4 if cfg.prob_dtype == "float32" else 2
+    return cfg.batch_size * cfg.vocab_size * ((2 * cfg.gamma + 1) * elem + 4)
 
 
 def configs_for(op: str, grid: ParityGrid, seed: int = 0) -> Iterator[VerifyConfig]:
     """Every config of grid that op needs (verify ignores KV widths and KV dtypes)."""
+    if op == "prob_verify":
+        yield from _prob_configs(grid, seed)
+        return
     kv_dims = grid.kv_dims if op != "verify" else (0,)
     kv_dtypes = grid.kv_dtypes if op != "verify" else ("float16",)
     token_dtypes = grid.token_dtypes if op != "pack" else ("int64",)
@@ -130,6 +180,17 @@ def configs_for(op: str, grid: ParityGrid, seed: int = 0) -> Iterator[VerifyConf
         yield VerifyConfig(
             batch_size=batch, gamma=gamma, alpha=alpha, kv_dim=kv_dim, dist=dist,
             token_dtype=token_dtype, kv_dtype=kv_dtype, seed=seed + index,
+        )
+
+
+def _prob_configs(grid: ParityGrid, seed: int) -> Iterator[VerifyConfig]:
+    points = itertools.product(
+        grid.prob_batch_sizes, grid.prob_gammas, grid.alphas, grid.vocab_sizes, grid.prob_dtypes, grid.logprobs
+    )
+    for index, (batch, gamma, alpha, vocab, prob_dtype, logprobs) in enumerate(points):
+        yield VerifyConfig(
+            batch_size=batch, gamma=gamma, alpha=alpha, vocab_size=vocab, prob_dtype=prob_dtype,
+            logprobs=logprobs, seed=seed + index,
         )
 
 
@@ -153,9 +214,9 @@ def run_parity(
     for op in ops:
         op_impls = [impl for impl in impls if impl.op == op]
         for cfg in configs_for(op, grid, seed):
-            if cfg.kv_bytes > MAX_KV_BYTES:
+            if input_bytes(op, cfg) > MAX_INPUT_BYTES:
                 for impl in op_impls:
-                    tallies[impl.key].skip("KV over 512 MiB")
+                    tallies[impl.key].skip("inputs over 512 MiB")
                 if progress:
                     progress()
                 continue

@@ -74,4 +74,12 @@ def test_oversized_kv_is_skipped_and_counted():
     grid = parity.ParityGrid(batch_sizes=(4096,), gammas=(1024,), alphas=(0.5,), kv_dims=(2048,),
                              dists=("binomial",), token_dtypes=("int64",), kv_dtypes=("float16",))
     tally = parity.run_parity([impl], grid, "cpu")[impl.key]
-    assert tally.skipped == {"KV over 512 MiB": 1}
+    assert tally.skipped == {"inputs over 512 MiB": 1}
+
+
+def test_prob_grid_is_bounded_and_skips_oversized_inputs():
+    configs = list(parity.configs_for("prob_verify", parity.ParityGrid()))
+    assert {c.batch_size for c in configs} == {1, 8, 32, 128} and max(c.gamma for c in configs) == 16
+    big = VerifyConfig(128, 16, vocab_size=152064)
+    assert parity.input_bytes("prob_verify", big) > parity.MAX_INPUT_BYTES
+    assert parity.input_bytes("prob_verify", VerifyConfig(1, 8, vocab_size=32000)) < parity.MAX_INPUT_BYTES

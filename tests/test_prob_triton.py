@@ -1,0 +1,155 @@
+"""The prob_verify Triton kernels on CPU tensors under TRITON_INTERPRET=1.
+
+TRITON_INTERPRET must be set before triton is imported, so one subprocess (this file run as a
+script) runs every case and prints a JSON verdict per case; each test below asserts one verdict.
+Supplied randomness: tokens and lengths bit for bit, accept_probs within PROB_FLOAT_ATOL (the
+parity contract). Fast randomness: determinism, agreement between fused and flashspec, a clean
+scratch after every launch. Sizes stay small: the interpreter runs ~10-30 ms per program.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sdbench import registry
+from sdbench.workload import VerifyConfig
+
+REPO = Path(__file__).resolve().parents[1]
+TRITON_IMPLS = ("flashspec", "serial_sampler", "fused")
+PARITY_CONFIGS = {
+    "fp32_probs": VerifyConfig(3, 4, 0.6, vocab_size=50, seed=1),
+    "bf16_logprobs_gamma1": VerifyConfig(2, 1, 0.3, vocab_size=37, prob_dtype="bfloat16", logprobs=True, seed=2),
+    "multi_tile_int32_tokens": VerifyConfig(4, 3, 0.5, vocab_size=5000, token_dtype="int32", seed=3),
+    "fp32_logprobs_tile_edge": VerifyConfig(3, 2, 0.5, vocab_size=2049, logprobs=True, seed=4),
+    "all_accepted": VerifyConfig(3, 5, 1.0, vocab_size=100, seed=5),
+    "early_rejections": VerifyConfig(3, 5, 0.0, vocab_size=100, seed=6),
+}
+FAST_CASES = ("fused_fast_is_deterministic", "fused_fast_leaves_scratch_clean", "fused_fast_equals_flashspec_fast",
+              "fast_offset_changes_tokens", "fused_fast_bf16_logprobs_is_well_formed")
+DEGENERATE_CASES = tuple(f"degenerate_residual_{name}" for name in TRITON_IMPLS)
+CASES = tuple(f"parity_{name}_{config}" for name in TRITON_IMPLS for config in PARITY_CONFIGS) + FAST_CASES + DEGENERATE_CASES
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, str | None]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.fail(f"interpreter run failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CASES)
+def test_triton_kernel_under_interpreter(verdicts, case):
+    assert case in verdicts, f"case {case} did not run"
+    assert verdicts[case] is None, verdicts[case]
+
+
+def test_triton_on_cpu_without_interpreter_says_why(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if "sdbench.kernels.prob_triton" in sys.modules:
+        pytest.skip("the kernels were loaded in this process")
+    for name in TRITON_IMPLS:
+        reason = registry.get("prob_verify", name).unavailable_reason("cpu")
+        assert reason and ("TRITON_INTERPRET" in reason or "not installed" in reason), reason
+
+
+def test_flashinfer_chain_is_optional_with_a_reason():
+    impl = registry.get("prob_verify", "flashinfer_chain")
+    assert impl.unavailable_reason("cpu")
+    if not torch.cuda.is_available():
+        assert impl.unavailable_reason("cuda") == "needs a CUDA device"
+
+
+# --- the interpreter run -----------------------------------------------------------------------
+def _run_cases() -> dict[str, str | None]:
+    from sdbench import parity
+    from sdbench.workload import make_prob_workload, prob_workload_from_distributions
+
+    verdicts: dict[str, str | None] = {}
+
+    def record(case, check):
+        try:
+            verdicts[case] = check()
+        except Exception as err:  # a crash is a failed case with its message
+            verdicts[case] = f"raised {type(err).__name__}: {err}"
+
+    for config_name, cfg in PARITY_CONFIGS.items():
+        workload = make_prob_workload(cfg)
+        for name in TRITON_IMPLS:
+            impl = registry.get("prob_verify", name)
+            record(f"parity_{name}_{config_name}", lambda impl=impl, workload=workload: parity.check(impl, workload))
+
+    fused, flashspec = registry.get("prob_verify", "fused"), registry.get("prob_verify", "flashspec")
+    fast = make_prob_workload(VerifyConfig(4, 3, 0.3, vocab_size=5000, seed=7)).with_randomness("fast", offset=3)
+
+    def snapshot(run):
+        return {key: value.clone() for key, value in run().items()}
+
+    def deterministic():
+        run = fused.prepare(fast)
+        first, second, fresh = snapshot(run), snapshot(run), snapshot(fused.prepare(fast))
+        same = all(torch.equal(first[k], second[k]) and torch.equal(first[k], fresh[k]) for k in first)
+        return None if same else f"tokens changed between launches: {first['output_tokens']} vs {second['output_tokens']}"
+
+    def scratch_clean():
+        from sdbench.kernels import prob_triton
+
+        outputs = fused.prepare(fast).outputs
+        best, arrivals = torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int32)
+        plan = prob_triton.fused_plan(4, 5000, target_programs=12)
+        inputs = prob_triton.ProbTensors(fast.draft_tokens, fast.target_probs, fast.draft_probs, fast.uniforms,
+                                         fast.exponential_noise, logprobs=False)
+        prob_triton.launch_fused(inputs, outputs, best, arrivals, plan, fast=True, seed=fast.seed, offset=fast.offset)
+        if plan.splits < 2:
+            return f"plan {plan} does not split the sweep"
+        return None if not best.any() and not arrivals.any() else f"scratch not reset: {best}, {arrivals}"
+
+    def equals_flashspec():
+        a, b = snapshot(fused.prepare(fast)), snapshot(flashspec.prepare(fast))
+        same = all(torch.equal(a[k], b[k]) for k in a)
+        return None if same else f"fused {a['output_tokens'].tolist()} != flashspec {b['output_tokens'].tolist()}"
+
+    def offset_changes():
+        a = snapshot(fused.prepare(fast))
+        b = snapshot(fused.prepare(fast.with_randomness("fast", offset=4)))
+        return None if not torch.equal(a["output_tokens"], b["output_tokens"]) else "offset 3 and 4 gave the same tokens"
+
+    def well_formed():
+        cfg = VerifyConfig(3, 4, 0.5, vocab_size=3000, prob_dtype="bfloat16", logprobs=True, seed=8)
+        out = snapshot(fused.prepare(make_prob_workload(cfg).with_randomness("fast")))
+        k = out["accepted_lengths"]
+        ok = bool(((k >= 0) & (k <= 4)).all()) and bool(((out["next_tokens"] >= 0) & (out["next_tokens"] < 3000)).all())
+        ok = ok and torch.equal(out["output_tokens"].gather(1, k[:, None]).squeeze(1), out["next_tokens"])
+        return None if ok else f"malformed outputs {out}"
+
+    for case, check in zip(FAST_CASES, (deterministic, scratch_clean, equals_flashspec, offset_changes, well_formed), strict=True):
+        record(case, check)
+
+    # A rejected row where p <= q everywhere (q unnormalised): no residual mass, the race falls back to p.
+    p = torch.zeros(8, 2, 8)
+    p[:, 0, 1:3] = 0.5
+    p[:, 1, :] = 1 / 8
+    q = torch.zeros(8, 1, 8)
+    q[:, 0, :4] = torch.tensor([0.2, 0.5, 0.5, 0.2])
+    degenerate = prob_workload_from_distributions(p, q, VerifyConfig(8, 1, vocab_size=8, seed=9))
+    assert bool(((degenerate.draft_tokens == 0) | (degenerate.draft_tokens == 3)).any()), "no degenerate row drawn"
+    for case, name in zip(DEGENERATE_CASES, TRITON_IMPLS, strict=True):
+        record(case, lambda name=name: parity.check(registry.get("prob_verify", name), degenerate))
+    return verdicts
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through pytest, which sets TRITON_INTERPRET=1"
+    print(json.dumps(_run_cases()))
