@@ -365,22 +365,24 @@ def is_device_work(event) -> bool:
 def _device_time_per_annotation(kineto_events) -> tuple[dict[tuple[int, int], float], int]:
     """Sum device-event durations (µs) per (callable index, iteration) annotation.
 
-    A device event is linked (correlation id) to the innermost CPU op that launched it; that op's
-    start time falls inside exactly one annotation, since iterations run one at a time. Events with
-    no CPU op are placed by their own start time.
+    A device event is placed by the host time of the CUDA runtime / driver call that launched it
+    (`cudaLaunchKernel`, `cuLaunchKernelEx`, `cudaGraphLaunch`…, which share its correlation id).
+    Triton launches through the driver API with no torch op around them, so the launching op is
+    not always known; the launch call always is. A launch outside every annotation (the L2 flush
+    between iterations) belongs to no iteration.
     """
     import bisect
 
     cpu_type = torch.autograd.DeviceType.CPU
     annotations = []  # (start_ns, end_ns, key)
-    cpu_start_by_correlation = {}
+    launch_start_by_correlation = {}
     device_events = []
     for event in kineto_events:
         name = event.name()
         if event.device_type() == cpu_type:
-            if event.linked_correlation_id() == 0:  # an op or annotation, not a CUDA runtime call
-                cpu_start_by_correlation[event.correlation_id()] = event.start_ns()
-            if name.startswith(_MARK):
+            if name.startswith("cu"):  # a CUDA runtime or driver API call
+                launch_start_by_correlation[event.correlation_id()] = event.start_ns()
+            elif name.startswith(_MARK):
                 index, iteration = name[len(_MARK):].split(":")
                 annotations.append((event.start_ns(), event.end_ns(), (int(index), int(iteration))))
         elif not name.startswith(_MARK) and is_device_work(event):
@@ -389,14 +391,13 @@ def _device_time_per_annotation(kineto_events) -> tuple[dict[tuple[int, int], fl
     starts = [start for start, _, _ in annotations]
     totals: dict[tuple[int, int], float] = {}
     for event in device_events:
-        launched_ns = cpu_start_by_correlation.get(event.linked_correlation_id())
-        if launched_ns is None:
-            launched_ns = event.start_ns()
-        slot = bisect.bisect_right(starts, launched_ns) - 1
+        launched_ns = launch_start_by_correlation.get(event.correlation_id())
+        # Without its launch call, place it by its own start: iterations are serialised by a sync.
+        slot = bisect.bisect_right(starts, launched_ns if launched_ns is not None else event.start_ns()) - 1
         if slot < 0:
             continue
         start_ns, end_ns, key = annotations[slot]
-        if launched_ns > end_ns and event.linked_correlation_id() in cpu_start_by_correlation:
+        if launched_ns is not None and launched_ns > end_ns:
             continue  # launched between iterations (the L2 flush): not part of any iteration
         totals[key] = totals.get(key, 0.0) + event.duration_ns() / 1000.0
     return totals, len(device_events)

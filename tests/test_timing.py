@@ -120,18 +120,23 @@ def _event(name, device, start, duration, correlation=0, linked=0):
 
 
 def test_device_time_is_summed_per_annotation():
+    """Event layout as recorded on an H100 (torch 2.11): a device event shares its correlation id
+    with the runtime/driver call that launched it; a Triton launch (cuLaunchKernelEx) has no torch
+    op around it, so its link is 0, and a CPU event with correlation 0 exists too."""
     mark = timing._MARK
     events = [
+        _event("Activity Buffer Request", CPU, 10, 5, correlation=0),
         _event(f"{mark}0:0", CPU, 1_000, 500, correlation=1),
-        _event("aten::add", CPU, 1_100, 100, correlation=2),
-        _event("cudaLaunchKernel", CPU, 1_150, 20, correlation=2, linked=2),  # runtime call: same id space clash
-        _event("add_kernel", CUDA, 1_400, 2_000, linked=2),  # runs after its annotation ended on the host
-        _event("triton_kernel", CUDA, 1_450, 1_000, linked=1),  # launched directly under the annotation
-        _event(f"{mark}0:0", CUDA, 1_000, 4_000),  # GPU-side copy of the annotation: not device work
-        _event("aten::zero_", CPU, 5_000, 100, correlation=3),  # the L2 flush, between iterations
-        _event("memset", CUDA, 5_050, 9_000, linked=3),
+        _event("sdbench::verify_ballot", CPU, 1_100, 100, correlation=2),
+        _event("cudaLaunchKernel", CPU, 1_150, 20, correlation=21, linked=2),
+        _event("ballot_kernel", CUDA, 1_400, 2_000, correlation=21, linked=2),  # runs after its annotation ended
+        _event(f"{mark}0:0", CUDA, 1_400, 2_000, correlation=1),  # GPU-side copy of the annotation
+        _event("cuLaunchKernelEx", CPU, 1_200, 10, correlation=13),
+        _event("triton_kernel", CUDA, 3_450, 1_000, correlation=13),  # Triton: no linked op
+        _event("cudaLaunchKernel", CPU, 5_000, 20, correlation=30),  # the L2 flush, between iterations
+        _event("flush_kernel", CUDA, 5_050, 9_000, correlation=30),
         _event(f"{mark}1:0", CPU, 20_000, 500, correlation=4),
-        _event("unlinked_kernel", CUDA, 20_600, 300),  # no CPU op: placed by its own start time
+        _event("orphan_kernel", CUDA, 20_600, 300, correlation=99),  # no launch call seen: own start time
     ]
     totals, device_events = timing._device_time_per_annotation(events)
     assert totals == {(0, 0): 3.0, (1, 0): 0.3}
