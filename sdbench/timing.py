@@ -165,8 +165,9 @@ def launch_floor(device: str | torch.device) -> LaunchFloor:
 
         reason = ext.unavailable_reason()
         if reason is None:
-            from sdbench.kernels.cuda_impls import launch_empty
+            from sdbench.kernels.cuda_impls import prepare_empty
 
+            launch_empty = prepare_empty(device)
             launch_empty()
             torch.cuda.synchronize(device)
             return LaunchFloor(launch_empty, "cuda")

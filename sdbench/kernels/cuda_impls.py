@@ -46,6 +46,16 @@ def launch_empty(device: torch.device | str | int | None = None) -> None:
     _ops().empty(dummy)
 
 
+def prepare_empty(device: torch.device | str | int | None = None):
+    """launch_empty with everything bound up front, the way every prepared run binds its op and
+    arguments: timing this measures exactly the launch path the real implementations pay."""
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    op, dummy = _ops().empty, torch.empty(1, device=device)
+    return lambda: op(dummy)
+
+
 def verify_naive(draft_tokens, target_tokens, accepted_lengths, has_mismatch, next_tokens) -> None:
     _ops().verify_naive(draft_tokens, target_tokens, accepted_lengths, has_mismatch, next_tokens)
 
