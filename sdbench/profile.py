@@ -281,6 +281,7 @@ def _tail(text: str, lines: int = 1) -> str:
 
 def run_nsys(nsys_path: str, spec: str, report_base: Path, iters: int) -> list[KernelTime]:
     """Profile the child under nsys; per-iteration kernel times from cuda_gpu_kern_sum."""
+    report_base = report_base.resolve()  # the child runs in report_base's folder
     env = tools.nsys_env(child_env())
     argv = [
         nsys_path, "profile", "--trace=cuda", "--sample=none", "--cpuctxsw=none",
@@ -307,6 +308,7 @@ def run_nsys(nsys_path: str, spec: str, report_base: Path, iters: int) -> list[K
 
 def run_ncu(ncu_path: str, spec: str, report_base: Path, iters: int) -> list[KernelTime]:
     """Profile the child under ncu with NCU_METRICS; per-kernel counters from the exported report."""
+    report_base = report_base.resolve()  # the child runs in report_base's folder
     argv = [
         ncu_path, "--profile-from-start", "off", "--metrics", ",".join(NCU_METRICS),
         "-o", str(report_base), "-f", *child_argv(spec),
