@@ -349,6 +349,7 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
     report.notes.extend(skipped_notes)
     report.tables = [
         summary_table(report), latency_table(report), alpha_table(report), fused_table(report), limits_table(report),
+        roofline_table(report),
     ]
     return report
 
@@ -668,6 +669,30 @@ def limits_table(report: Report) -> ReportTable:
         f"launch-bound: wall ≥ {LAUNCH_BOUND_RATIO:g}× gpu time; bandwidth-bound: ≥ {BANDWIDTH_BOUND_FRACTION:.0%} of "
         f"the copy ceiling = {ceiling}; divergence: gpu time grows ≥ {DIVERGENCE_SPREAD:.0%} across α; "
         "otherwise the kernel's own latency")
+    return table
+
+
+def roofline_table(report: Report) -> ReportTable:
+    """prob_verify against its read floor: the bytes it must read (bytes_moved) over the copy ceiling."""
+    table = ReportTable("prob_verify roofline: GPU time against the bytes it must read", [])
+    cells = [cell for cell in report.cells if cell.get("op") == "prob_verify" and report.shown(cell)
+             and cell.median("gpu") and cell.views["gpu"].achieved_gbps]
+    if not cells or not report.ceiling_gbps:
+        table.notes.append("no prob_verify rows with gpu time and bytes in these results" if not cells
+                           else "no copy ceiling known (give --ceiling-gbps): no read floor")
+        return table
+    table.columns = ["config", "impl", "bytes read", "read floor µs", "gpu µs", "× floor", "≤ 1.5 × floor + 3 µs"]
+    varying = varying_keys(cells)
+    for cell in cells:
+        gpu_us = cell.median("gpu")
+        bytes_read = gpu_us * cell.views["gpu"].achieved_gbps * 1e3  # GB/s × µs = kB
+        floor_us = bytes_read / report.ceiling_gbps / 1e3
+        table.rows.append([config_label(cell, varying), cell.impl, format_bytes(bytes_read), f"{floor_us:.2f}",
+                           format_us(gpu_us), format_ratio(gpu_us / floor_us), "yes" if gpu_us <= 1.5 * floor_us + 3
+                           else "no"])
+    table.notes.append(f"read floor = bytes read / copy ceiling {report.ceiling_gbps:.0f} GB/s "
+                       f"({report.ceiling_source}); bytes: 2 scalars per draft token, then one p row and one q row "
+                       "of V per sequence at its first rejection, p alone at the bonus")
     return table
 
 

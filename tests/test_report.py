@@ -262,3 +262,19 @@ def test_import_sdbench_never_imports_polars():
     code = ("import sys, sdbench, sdbench.cli, sdbench.report, sdbench.tau, sdbench.dispatch, sdbench.api; "
             "sdbench.verify; sys.exit('polars' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_prob_roofline_compares_gpu_time_with_the_read_floor(tmp_path):
+    """Planted: 3 MB read in 2.5 µs (meets 1.5 × 1 µs + 3) and in 9 µs (misses it) at 3000 GB/s."""
+    models = {("prob_verify", "fused"): lambda c, v: {"wall": 25.0, "graph": 12.0, "gpu": 2.5}[v],
+              ("prob_verify", "torch_eager"): lambda c, v: {"wall": 200.0, "graph": 30.0, "gpu": 9.0}[v]}
+    rows = synthetic_results.make_rows(models, batch_sizes=(32,), gammas=(8,), alphas=(0.6,), kv_dims=(0,))
+    for row in rows:
+        if row["impl"] != "launch_floor":
+            row["bytes_moved"] = 3_000_000
+            row["achieved_gbps"] = 3_000_000 / (row["median_us"] * 1e3)
+    path = synthetic_results.write(tmp_path / "prob.parquet", rows)
+    table = next(t for t in report.build_report([path], ceiling_gbps=3000.0).tables if "roofline" in t.title)
+    by_impl = {row[1]: row for row in table.rows}
+    assert by_impl["fused"][3] == "1.00" and by_impl["fused"][-1] == "yes"
+    assert by_impl["torch_eager"][-1] == "no"
