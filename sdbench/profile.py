@@ -33,7 +33,6 @@ import json
 import os
 import secrets
 import sys
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -576,25 +575,15 @@ def profile_rows(report: ProfileReport, environment: dict) -> list[dict]:
 def write_profile_parquet(report: ProfileReport, folder: str | Path, environment: dict | None = None) -> Path:
     """Write the report's rows to folder/PROFILE_FILE (a temporary name, then rename)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from sdbench import results
 
     schema = profile_schema()
     rows = profile_rows(report, _environment() if environment is None else environment)
     columns = {name: [row.get(name) for row in rows] for name in schema.names}
     columns["profile_schema_version"] = [PROFILE_SCHEMA_VERSION] * len(rows)
     table = pa.Table.from_pydict(columns, schema=schema)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    final = folder / PROFILE_FILE
-    with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{final.name}.", suffix=".tmp", delete=False) as handle:
-        temporary = Path(handle.name)
-    try:
-        pq.write_table(table, temporary)
-        os.replace(temporary, final)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
-    return final
+    return results.write_table_atomically(table, Path(folder) / PROFILE_FILE)
 
 
 if __name__ == "__main__":  # the child entry: python -m sdbench.profile child SPEC

@@ -127,11 +127,13 @@ def part_name(run_id: str, key_values: Mapping[str, Any]) -> str:
 
 def write_part(folder: str | Path, name: str, rows: Iterable[Mapping[str, Any]]) -> Path:
     """Write rows as folder/name atomically: to `name.tmp`, then os.replace (never a partial part)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    final = folder / name
-    temporary = folder / f"{name}.tmp"
-    table = to_table(rows)
+    return write_table_atomically(to_table(rows), Path(folder) / name)
+
+
+def write_table_atomically(table: pa.Table, final: Path) -> Path:
+    """Write table to final through `final.tmp` and os.replace: readers never see a partial file."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = final.with_name(f"{final.name}.tmp")
     try:
         pq.write_table(table, temporary)
         os.replace(temporary, final)
