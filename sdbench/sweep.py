@@ -29,7 +29,7 @@ from sdbench.errors import SdbenchError, closest
 from sdbench.registry import Implementation
 from sdbench.workload import DEFAULT_VOCAB_SIZE, KV_DTYPES, VerifyConfig, make_workload
 
-SWEEP_DISTRIBUTIONS = ("binomial", "geometric")
+SWEEP_DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace")
 KV_OPS = ("pack", "verify_pack")
 DEFAULT_KV_DIMS = (128, 512, 1024, 2048)
 
@@ -63,6 +63,8 @@ class SweepSpec:
     prob_dtypes: tuple[str, ...] = ("float32",)  # prob_verify
     impls: tuple[str, ...] = ()  # () = every registered implementation of op
     dist: str = "binomial"
+    fixed_length: int | None = None  # dist "fixed": every k_i
+    trace_path: str | None = None  # dist "trace": a file of observed accepted lengths
     device: str = "cuda"
     warmup: int = 20
     iters: int = 200
@@ -128,6 +130,10 @@ def validate(spec: SweepSpec) -> None:
         )
     if spec.dist not in SWEEP_DISTRIBUTIONS:
         raise SdbenchError(f"--dist: {spec.dist!r} is not one of {', '.join(SWEEP_DISTRIBUTIONS)}")
+    if spec.dist == "fixed" and spec.fixed_length is None:
+        raise SdbenchError("--dist fixed needs --fixed-length K (every sequence accepts K draft tokens)")
+    if spec.dist == "trace" and spec.trace_path is None:
+        raise SdbenchError("--dist trace needs --trace PATH (a file of observed accepted lengths)")
     for option, values in (("--b", spec.batch_sizes), ("--gamma", spec.gammas), ("--alpha", spec.alphas)):
         if not values:
             raise SdbenchError(f"{option}: needs at least one value")
@@ -170,7 +176,8 @@ def grid(spec: SweepSpec) -> list[VerifyConfig]:
         dtype_field = {"prob_dtype": value_dtype} if spec.op == "prob_verify" else {"kv_dtype": value_dtype}
         configs.append(VerifyConfig(
             batch_size=batch, gamma=gamma, alpha=float(alpha), kv_dim=kv_dim, dist=spec.dist, vocab_size=vocab,
-            token_dtype=token_dtype, seed=spec.seed, **dtype_field,
+            token_dtype=token_dtype, seed=spec.seed, fixed_length=spec.fixed_length, trace_path=spec.trace_path,
+            **dtype_field,
         ))
     return configs
 

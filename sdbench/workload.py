@@ -89,8 +89,10 @@ def validate_config(cfg: VerifyConfig) -> None:
             raise SdbenchError(
                 f"the fixed distribution needs 0 <= fixed_length <= gamma={cfg.gamma}, got {cfg.fixed_length}"
             )
-    if cfg.dist == "trace" and cfg.trace_path is None:
-        raise SdbenchError("the trace distribution needs a trace file (--trace PATH)")
+    if cfg.dist == "trace":
+        if cfg.trace_path is None:
+            raise SdbenchError("the trace distribution needs a trace file (--trace PATH)")
+        read_trace(cfg.trace_path, cfg.gamma)  # a missing file or a length > γ fails here, not mid-sweep
 
 
 def read_trace(path: str | Path, gamma: int) -> torch.Tensor:

@@ -271,3 +271,38 @@ def test_prob_verify_sweep_records_acceptance_and_roofline_bytes(tmp_path):
     assert row["status"] == "ok" and row["vocab_size"] == 64 and row["kv_dtype"] == "float32"
     assert 0.0 <= row["mean_accepted_length"] <= 4.0
     assert row["bytes_moved"] > 0 and row["achieved_gbps"] > 0
+
+
+def test_trace_and_fixed_distributions_have_clear_cli_errors(tmp_path):
+    from typer.testing import CliRunner
+
+    from sdbench.cli import app
+
+    runner = CliRunner()
+    base = ["sweep", "--device", "cpu", "--b", "2", "--gamma", "4", "--alpha", "0.5", "--out", str(tmp_path / "r")]
+    missing = runner.invoke(app, [*base, "--dist", "trace", "--trace", str(tmp_path / "nope.txt")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    long_trace = tmp_path / "long.txt"
+    long_trace.write_text("1 2 9\n")
+    too_long = runner.invoke(app, [*base, "--dist", "trace", "--trace", str(long_trace)])
+    assert too_long.exit_code == 2 and "length 9 outside [0, gamma=4]" in too_long.output
+    no_file = runner.invoke(app, [*base, "--dist", "trace"])
+    assert no_file.exit_code == 2 and "--trace PATH" in no_file.output
+    no_k = runner.invoke(app, [*base, "--dist", "fixed"])
+    assert no_k.exit_code == 2 and "--fixed-length" in no_k.output
+    for result in (missing, too_long, no_file, no_k):
+        assert "Traceback" not in result.output
+
+
+def test_trace_distribution_sweeps_on_cpu(tmp_path):
+    from typer.testing import CliRunner
+
+    from sdbench.cli import app
+
+    trace = tmp_path / "lengths.txt"
+    trace.write_text("0 2 4 4\n")
+    result = CliRunner().invoke(app, ["sweep", "--device", "cpu", "--b", "3", "--gamma", "4", "--alpha", "0.5",
+                                      "--dist", "trace", "--trace", str(trace), "--iters", "3", "--warmup", "1",
+                                      "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert list((tmp_path / "r").glob("part-*trace*.parquet"))
