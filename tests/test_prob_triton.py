@@ -3,8 +3,10 @@
 TRITON_INTERPRET must be set before triton is imported, so one subprocess (this file run as a
 script) runs every case and prints a JSON verdict per case; each test below asserts one verdict.
 Supplied randomness: tokens and lengths bit for bit, accept_probs within PROB_FLOAT_ATOL (the
-parity contract). Fast randomness: determinism, agreement between fused and flashspec, a clean
-scratch after every launch. Sizes stay small: the interpreter runs ~10-30 ms per program.
+parity contract). Fast randomness: determinism, agreement between fused and flashspec, the same
+tokens from any fused plan (the Philox stream is a function of the column alone), a clean scratch
+after every launch. The fused plan rule and the interpreter's fallback to Triton's own launcher are
+checked in the same subprocess. Sizes stay small: the interpreter runs ~10-30 ms per program.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ PARITY_CONFIGS = {
     "early_rejections": VerifyConfig(3, 5, 0.0, vocab_size=100, seed=6),
 }
 FAST_CASES = ("fused_fast_is_deterministic", "fused_fast_leaves_scratch_clean", "fused_fast_equals_flashspec_fast",
-              "fast_offset_changes_tokens", "fused_fast_bf16_logprobs_is_well_formed")
+              "fast_offset_changes_tokens", "fused_fast_bf16_logprobs_is_well_formed",
+              "fused_fast_tokens_do_not_depend_on_the_plan", "fused_plan_rule", "fused_launch_takes_tritons_path_when_interpreted")
 DEGENERATE_CASES = tuple(f"degenerate_residual_{name}" for name in TRITON_IMPLS)
-CASES = tuple(f"parity_{name}_{config}" for name in TRITON_IMPLS for config in PARITY_CONFIGS) + FAST_CASES + DEGENERATE_CASES
+SPLIT_DEGENERATE_CASES = tuple(f"degenerate_residual_split_{name}" for name in TRITON_IMPLS)
+CASES = (tuple(f"parity_{name}_{config}" for name in TRITON_IMPLS for config in PARITY_CONFIGS) + FAST_CASES
+         + DEGENERATE_CASES + SPLIT_DEGENERATE_CASES)
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -134,7 +139,62 @@ def _run_cases() -> dict[str, str | None]:
         ok = ok and torch.equal(out["output_tokens"].gather(1, k[:, None]).squeeze(1), out["next_tokens"])
         return None if ok else f"malformed outputs {out}"
 
-    for case, check in zip(FAST_CASES, (deterministic, scratch_clean, equals_flashspec, offset_changes, well_formed), strict=True):
+    def plan_independent():
+        """Fast-mode tokens are a function of (seed, offset, sequence, column): any split agrees."""
+        from sdbench.kernels import prob_triton
+
+        small = make_prob_workload(VerifyConfig(3, 3, 0.3, vocab_size=300, seed=10)).with_randomness("fast", offset=1)
+        inputs = prob_triton.ProbTensors(small.draft_tokens, small.target_probs, small.draft_probs, small.uniforms,
+                                         small.exponential_noise, logprobs=False)
+        seen = {}
+        for chunk in (16, 64, 512):
+            plan = prob_triton.FusedPlan(chunk=chunk, splits=-(-300 // chunk), num_warps=1)
+            outputs = {key: value.clone() for key, value in fused.prepare(small).outputs.items()}
+            best, arrivals = torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int32)
+            prob_triton.launch_fused(inputs, outputs, best, arrivals, plan, fast=True, seed=small.seed, offset=small.offset)
+            seen[chunk] = outputs["output_tokens"]
+        reference_tokens = snapshot(flashspec.prepare(small))["output_tokens"]
+        same = all(torch.equal(tokens, reference_tokens) for tokens in seen.values())
+        return None if same else f"tokens differ by chunk: {seen} (flashspec {reference_tokens})"
+
+    def plan_rule():
+        from sdbench.kernels import prob_triton
+
+        failures = []
+        for batch, vocab, target in ((1, 32000, 66), (1, 128256, 66), (8, 32000, 66), (32, 32000, 66), (128, 152064, 66),
+                                     (100_000, 4500, 300_000), (4, 50, 16), (1, 7, 4)):
+            plan = prob_triton.fused_plan(batch, vocab, target, chunk_min=256)
+            chunk = plan.chunk
+            ok = (chunk & (chunk - 1) == 0 and 256 <= chunk <= prob_triton.CHUNK_MAX
+                  and plan.splits == -(-vocab // chunk) and (plan.splits - 1) * chunk < vocab <= plan.splits * chunk
+                  and 1 <= plan.num_warps <= prob_triton.MAX_WARPS and plan.rows == chunk // 4
+                  and plan.rows >= 32 * plan.num_warps  # every thread owns at least one 16-byte group
+                  and (batch * plan.splits >= target or chunk == 256)  # enough programs, or the finest split
+                  and (chunk == prob_triton.CHUNK_MAX or batch * -(-vocab // (2 * chunk)) < target))  # the largest such
+            if not ok:
+                failures.append((batch, vocab, target, plan))
+        expected = {(1, 32000): (256, 2), (1, 128256): (1024, 4), (32, 32000): (2048, 4)}
+        for (batch, vocab), (chunk, warps) in expected.items():
+            plan = prob_triton.fused_plan(batch, vocab, 66, chunk_min=256)
+            if (plan.chunk, plan.num_warps) != (chunk, warps):
+                failures.append(("expected", batch, vocab, (chunk, warps), plan))
+        return None if not failures else f"plan rule violated: {failures}"
+
+    def interpreted_launch():
+        from sdbench.kernels import prob_triton
+
+        run = fused.prepare(fast)
+        launch = run.launch
+        if not isinstance(launch, prob_triton.BoundLaunch):
+            return f"fused launches through {type(launch).__name__}, not BoundLaunch"
+        run()
+        if launch.direct_reason != "no CompiledKernel (interpreter)":
+            return f"direct_reason {launch.direct_reason!r} under the interpreter"
+        return None
+
+    checks = (deterministic, scratch_clean, equals_flashspec, offset_changes, well_formed, plan_independent, plan_rule,
+              interpreted_launch)
+    for case, check in zip(FAST_CASES, checks, strict=True):
         record(case, check)
 
     # A rejected row where p <= q everywhere (q unnormalised): no residual mass, the race falls back to p.
@@ -147,6 +207,21 @@ def _run_cases() -> dict[str, str | None]:
     assert bool(((degenerate.draft_tokens == 0) | (degenerate.draft_tokens == 3)).any()), "no degenerate row drawn"
     for case, name in zip(DEGENERATE_CASES, TRITON_IMPLS, strict=True):
         record(case, lambda name=name: parity.check(registry.get("prob_verify", name), degenerate))
+
+    # The same over V=40, p's mass in three different 16-column chunks: fused splits the row over 3
+    # programs, and the last one reruns the race over the whole row.
+    p = torch.zeros(16, 2, 40)
+    p[:, 0, [1, 20, 35]] = torch.tensor([0.4, 0.3, 0.3])
+    p[:, 1, :] = 1 / 40
+    q = torch.zeros(16, 1, 40)
+    q[:, 0, [0, 1, 20, 35]] = torch.tensor([0.3, 0.5, 0.5, 0.5])  # q >= p everywhere: w = 0 at every rejection
+    split = prob_workload_from_distributions(p, q, VerifyConfig(16, 1, vocab_size=40, seed=11))
+    assert bool((split.draft_tokens == 0).any()), "no rejected-by-construction row drawn"
+    from sdbench.kernels import prob_triton
+
+    assert prob_triton.default_fused_plan(16, 40, torch.device("cpu")).splits == 3
+    for case, name in zip(SPLIT_DEGENERATE_CASES, TRITON_IMPLS, strict=True):
+        record(case, lambda name=name: parity.check(registry.get("prob_verify", name), split))
     return verdicts
 
 

@@ -9,26 +9,29 @@ Three designs, all reproducing `sdbench.reference.prob_verify` bit for bit on su
 - serial_sampler (the vLLM V1 random-path design, 2 launches): `_serial_recovered_kernel` draws a
   recovered token for EVERY position (γ+1 full-vocabulary sweeps per sequence), then
   `_serial_scan_kernel` (one program per sequence) scans the positions serially.
-- fused (1 launch): `_fused_kernel`, grid (B, splits). Every program recomputes its sequence's
-  γ-step acceptance scan (γ scalar pairs, L2-resident), sweeps its share of the vocabulary at the
-  stopping row only, and folds its best race key into a per-sequence 64-bit slot with atomic_max;
-  the last program to arrive writes the outputs and resets the slot and the arrival counter.
+- fused (1 launch): `_fused_kernel`, grid (B, chunks). Program (b, c) owns one chunk of CHUNK
+  columns: it draws (or loads) the race noise of its chunk while its sequence's γ-step acceptance
+  scan is in flight (γ scalar pairs, L2-resident), reads its chunk of the stopping row only, and
+  folds its best race key into a per-sequence 64-bit slot with atomic_max; the last program to
+  arrive writes the outputs and resets the slot and the arrival counter. No loop over the row.
 
 The exponential race. The next token is argmax_j w_j / E_j over w = max(0, p - q) (q := 0 at the
 bonus row), E iid Exp(1): one pass, no normalising sum. Keys pack into one int64 so a single
-atomic_max combines value and index: bit 62 = (w_j > 0) (residual candidates beat the fallback
-race over p, used only when w is 0 everywhere), bits 31..61 = the float bits of the key (a
-non-negative float orders like its bits), bits 0..30 = 2^31-1-j (ties go to the smallest index,
-like torch.argmax). Masked lanes are -1; every real key is >= 1 (V < 2^31 - 1).
+atomic_max combines value and index: the high 32 bits are the float bits of the key (w / E where
+w > 0, else -1.0: a non-negative float orders like its bits, and -1.0 is a negative int), the low
+32 bits are 2^32-1-j (ties go to the smallest index, like torch.argmax). Every key with w > 0 packs
+to >= 1, every other to < 0, and the slot resets to 0: a combined key <= 0 means w is 0 on the
+whole row (impossible in exact arithmetic; a rounding guard, and unnormalised inputs), and the
+race is rerun over p, as the reference does (`_fallback_race`, once, by the program that finishes).
 
 Randomness. Supplied (FAST=False): uniforms [B, γ] and exponential noise [B, V] are read, and the
 race divides with div_rn (IEEE, like PyTorch) so tokens match the reference exactly; log-probs are
 decoded with libdevice's expf on CUDA (PyTorch's expf) and tl.exp under the interpreter. Fast
 (FAST=True): Philox4x32-10 keyed by seed, with counter (index, sequence, offset, stream): stream 0
-gives the accept uniform of (sequence, position), stream 1 the race noise of (sequence, column),
-E = -log1p(-u) (libdevice on CUDA). One Philox call yields 4 uniforms, used for the 4 quarters of a BLOCK_V tile, so the
-stream is a function of BLOCK_V (fixed here): the same seed and offset give the same tokens from
-fused and flashspec, on any grid.
+gives the accept uniform of (sequence, position), stream 1 the race noise: call j yields the four
+uniforms of columns 4j..4j+3 (one 16-byte group), E = -log1p(-u) (libdevice on CUDA). The stream
+is a function of the column alone, so the same seed and offset give the same tokens from fused and
+flashspec, on any grid and any chunk size.
 """
 
 from __future__ import annotations
@@ -48,15 +51,22 @@ except ImportError:  # older Triton layouts
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # triton.jit reads it at decoration time
 
-VOCAB_TILE = 2048  # vocabulary tile: 4 quarters of 512 (4 floats per thread at 4 warps: 16-byte loads)
+GROUP = 4  # columns per Philox call, and per thread-contiguous group (16-byte float32 loads)
 # Globals a jit function reads must be constexpr.
-BLOCK_V = tl.constexpr(VOCAB_TILE)
-QUARTER = tl.constexpr(VOCAB_TILE // 4)
-INDEX_BITS_MASK = tl.constexpr(2**31 - 1)
 STREAM_ACCEPT = tl.constexpr(0)
 STREAM_RACE = tl.constexpr(1)
-FUSED_WARPS = 4
-FUSED_PROGRAMS_PER_SM = 4  # enough resident programs per SM to keep ~16 KB of loads each in flight
+SWEEP_ROWS = 512  # flashspec sample / serial recovered: 2048 columns per step, 4 warps (16 per thread)
+SWEEP_WARPS = 4
+# fused: chunk = columns per program, a power of two. The default plan takes the largest chunk up
+# to CHUNK_MAX that still gives at least FUSED_PROGRAMS_PER_SM programs per SM in total, so small
+# batches spread each row over ~one program per SM (b=1: latency) and large ones get 2048-column
+# programs of 4 warps, 16 columns per thread (throughput: the per-program scan and reductions
+# amortised over more columns). Measured on the H100 (docs/perf-notes.md): 4 warps x 16 columns
+# beat 8 warps x 8 and 4 x 8 by 10-15% at b=32..128.
+FUSED_PROGRAMS_PER_SM = 0.5
+CHUNK_MIN = 16 if INTERPRETED else 256
+CHUNK_MAX = 2048
+MAX_WARPS = 4
 
 
 # --- shared device helpers ---------------------------------------------------------------------
@@ -73,20 +83,49 @@ def _decode(values, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr):
 
 
 @triton.jit
+def _load_probs(row, cols, limit, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr):
+    """Probabilities at cols of one stored row; 0 at cols >= limit (never read)."""
+    inside = cols < limit
+    values = _decode(tl.load(row + cols, mask=inside, other=0.0), LOGPROBS, PRECISE_MATH)
+    if LOGPROBS:
+        values = tl.where(inside, values, 0.0)  # a masked log-prob of 0 would decode to 1
+    return values
+
+
+@triton.jit
 def _exponential(uniform, PRECISE_MATH: tl.constexpr):
     """E = -log(1 - u) ~ Exp(1), accurate to a few ulp over the whole range.
 
     The race is decided by the smallest E/w, so small E must keep its relative accuracy: u has
     fine resolution near 0 (k·2^-31), which -log1p(-u) preserves, whereas -log(u) would take small E
     from u near 1, where float32 steps are 2^-24 and an approximate log is off by ~1e-7 absolute.
-    Clamped to FLT_MIN so that u = 0 (probability 2^-31) gives a huge finite key, never 0/0."""
+    On CUDA (PRECISE_MATH), two branch-free pieces instead of libdevice's log1pf (half the
+    instructions, and this runs once per vocabulary entry): u < 1/4: E = 2·atanh(s) with
+    s = u / (2 - u) <= 1/7, odd series to s^9 (truncation < 1e-9 relative); u >= 1/4: 1 - u is
+    exact to 2^-25 and -ln(1 - u) >= 0.28, so the hardware log2 (MUFU.LG2, ~2^-22 absolute) keeps
+    ~5e-7 relative (measured on the H100: at most 5.2e-7 over 3.5e7 values of u). Clamped to FLT_MIN so that u = 0 (probability 2^-31) gives a huge finite key,
+    never 0/0."""
     if PRECISE_MATH:
-        exponential = -libdevice.log1p(-uniform)
+        s = libdevice.fast_dividef(uniform, 2.0 - uniform)
+        s2 = s * s
+        series = s * (2.0 + s2 * (0.6666666666666666 + s2 * (0.4 + s2 * (0.2857142857142857 + s2 * 0.2222222222222222))))
+        exponential = tl.where(uniform < 0.25, series, -0.6931471805599453 * libdevice.fast_log2f(1.0 - uniform))
     else:
         complement = 1.0 - uniform  # log1p from log (Goldberg): u / (1 - complement) corrects the rounding
         rounded = tl.where(complement == 1.0, 1.0, 1.0 - complement)
         exponential = tl.where(complement == 1.0, uniform, -tl.log(complement) * uniform / rounded)
     return tl.maximum(exponential, 1.1754943508222875e-38)
+
+
+@triton.jit
+def _fast_divide(numerator, denominator, PRECISE_MATH: tl.constexpr):
+    """numerator / denominator for fast-mode race keys, where no reference fixes the rounding: the
+    hardware reciprocal and a multiply on CUDA (div.approx, ~2 ulp; the denominators here are in
+    [FLT_MIN, 2^126)), the plain division elsewhere."""
+    if PRECISE_MATH:
+        return libdevice.fast_dividef(numerator, denominator)
+    else:
+        return numerator / denominator
 
 
 @triton.jit
@@ -113,54 +152,88 @@ def _accept_uniforms(uniforms_ptr, b, positions, valid, stride_u_b, seed, offset
 
 
 @triton.jit
-def _quarter_keys(target_row, draft_row, noise_row, has_draft, cols, vocab, uniform,
-                  LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
-    """Packed race keys of one quarter tile (see the module docstring); -1 on masked lanes."""
-    valid = cols < vocab
-    target = _decode(tl.load(target_row + cols, mask=valid, other=0.0), LOGPROBS, PRECISE_MATH)
-    # cols < (V or 0), not valid & has_draft: the interpreter mistypes a vector & scalar-bool mask
-    draft_limit = tl.where(has_draft, vocab, 0)
-    draft = _decode(tl.load(draft_row + cols, mask=cols < draft_limit, other=0.0), LOGPROBS, PRECISE_MATH)
-    draft = tl.where(has_draft, draft, 0.0)
-    residual = tl.maximum(target - draft, 0.0)
-    positive = residual > 0
-    source = tl.where(positive, residual, target)
-    if FAST:
-        key = source / _exponential(uniform, PRECISE_MATH)  # approximate division: ~2 ulp, no reference to match
-    else:
-        noise = tl.load(noise_row + cols, mask=valid, other=1.0)
-        key = tl.math.div_rn(source, noise)  # IEEE division: the same bits as PyTorch's w / E
-    key_bits = key.to(tl.int32, bitcast=True) & 0x7FFFFFFF  # drops the sign of a -0.0
-    packed = (positive.to(tl.int64) << 62) | (key_bits.to(tl.int64) << 31) | (cols ^ INDEX_BITS_MASK).to(tl.int64)
-    return tl.where(valid, packed, -1)
+def _chunk_columns(start, ROWS: tl.constexpr):
+    """[ROWS, GROUP] column ids start + GROUP·row + lane: each row is one 16-byte group of a thread."""
+    return start + tl.arange(0, ROWS)[:, None] * 4 + tl.arange(0, 4)[None, :]
 
 
 @triton.jit
-def _tile_keys(target_row, draft_row, noise_row, has_draft, b, tile, vocab, seed, offset,
-               LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
-    """Elementwise max of the packed keys of the 4 quarters of vocabulary tile `tile` ([QUARTER])."""
-    lane = tl.arange(0, QUARTER)
+def _race_noise(noise_row, b, start, cols, vocab, seed, offset,
+                ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """E [ROWS, GROUP] at cols = _chunk_columns(start, ROWS): loaded (supplied) or drawn (fast,
+    one Philox call per group of 4 columns, counter = column // 4). Depends on no draft data, so
+    a kernel can compute it while its acceptance scan is in flight."""
     if FAST:
-        u0, u1, u2, u3 = _philox_uniforms(seed, offset, b, lane + tile * QUARTER, STREAM_RACE)
+        group = start // 4 + tl.arange(0, ROWS)[:, None]
+        u0, u1, u2, u3 = _philox_uniforms(seed, offset, b, group, STREAM_RACE)
+        lane = tl.arange(0, 4)[None, :]
+        uniform = tl.where(lane == 0, u0, tl.where(lane == 1, u1, tl.where(lane == 2, u2, u3)))
+        noise = _exponential(uniform, PRECISE_MATH)
     else:
-        u0 = tl.zeros([QUARTER], tl.float32)
-        u1 = u0
-        u2 = u0
-        u3 = u0
-    base = lane + tile * BLOCK_V  # tensor first: the interpreter keeps `constexpr op tensor` a constexpr
-    keys = _quarter_keys(target_row, draft_row, noise_row, has_draft, base, vocab, u0, LOGPROBS, PRECISE_MATH, FAST)
-    keys = tl.maximum(keys, _quarter_keys(target_row, draft_row, noise_row, has_draft, base + QUARTER, vocab, u1,
-                                          LOGPROBS, PRECISE_MATH, FAST))
-    keys = tl.maximum(keys, _quarter_keys(target_row, draft_row, noise_row, has_draft, base + 2 * QUARTER, vocab, u2,
-                                          LOGPROBS, PRECISE_MATH, FAST))
-    keys = tl.maximum(keys, _quarter_keys(target_row, draft_row, noise_row, has_draft, base + 3 * QUARTER, vocab, u3,
-                                          LOGPROBS, PRECISE_MATH, FAST))
-    return keys
+        noise = tl.load(noise_row + cols, mask=cols < vocab, other=1.0)
+    return noise
+
+
+@triton.jit
+def _pack(key, cols):
+    """int64 race key: high word = the float bits of key (sign-extended), low word = 2^32-1-col."""
+    high = key.to(tl.int32, bitcast=True).to(tl.int64)
+    low = (~cols).to(tl.uint32, bitcast=True).to(tl.int64)
+    return (high << 32) | low
 
 
 @triton.jit
 def _token_of(packed):
-    return (packed & INDEX_BITS_MASK) ^ INDEX_BITS_MASK  # = 2^31-1 - index bits
+    return (~packed).to(tl.uint32).to(tl.int64)  # = 2^32-1 - low word
+
+
+@triton.jit
+def _residual_keys(target_row, draft_row, noise, has_draft, cols, vocab,
+                   LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """Packed residual race keys at cols: w / E where w = p - q > 0 (q := 0 at the bonus row), else
+    -1.0 (masked columns too: p = q = 0 there)."""
+    target = _load_probs(target_row, cols, vocab, LOGPROBS, PRECISE_MATH)
+    # cols < (V or 0), not valid & has_draft: the interpreter mistypes a vector & scalar-bool mask
+    draft = _load_probs(draft_row, cols, tl.where(has_draft, vocab, 0), LOGPROBS, PRECISE_MATH)
+    residual = target - draft  # = max(0, p - q) wherever it is positive, bit for bit
+    if FAST:
+        key = _fast_divide(residual, noise, PRECISE_MATH)  # ~2 ulp, no reference to match
+    else:
+        key = tl.math.div_rn(residual, noise)  # IEEE division: the same bits as PyTorch's w / E
+    return _pack(tl.where(residual > 0, key, -1.0), cols)
+
+
+@triton.jit
+def _fallback_race(target_row, noise_row, b, vocab, seed, offset,
+                   ROWS: tl.constexpr, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """argmax_j p_j / E_j over the whole row (packed): the race when w is 0 everywhere."""
+    best = tl.full([ROWS, 4], -1, tl.int64)
+    for start in range(0, vocab, 4 * ROWS):
+        cols = _chunk_columns(start, ROWS)
+        noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
+        target = _load_probs(target_row, cols, vocab, LOGPROBS, PRECISE_MATH)  # 0 past V: key 0 at a larger index
+        if FAST:
+            key = _fast_divide(target, noise, PRECISE_MATH)
+        else:
+            key = tl.math.div_rn(target, noise)
+        best = tl.maximum(best, _pack(key, cols))
+    return tl.max(tl.max(best, axis=1), axis=0)
+
+
+@triton.jit
+def _race_row(target_row, draft_row, noise_row, has_draft, b, vocab, seed, offset,
+              ROWS: tl.constexpr, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """The next token of one sequence: the residual race over the whole row by one program."""
+    best = tl.full([ROWS, 4], -1, tl.int64)
+    for start in range(0, vocab, 4 * ROWS):
+        cols = _chunk_columns(start, ROWS)
+        noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
+        best = tl.maximum(best, _residual_keys(target_row, draft_row, noise, has_draft, cols, vocab,
+                                               LOGPROBS, PRECISE_MATH, FAST))
+    winner = tl.max(tl.max(best, axis=1), axis=0)
+    if winner <= 0:
+        winner = _fallback_race(target_row, noise_row, b, vocab, seed, offset, ROWS, LOGPROBS, PRECISE_MATH, FAST)
+    return _token_of(winner)
 
 
 @triton.jit
@@ -175,30 +248,40 @@ def _write_outputs(draft_tokens_ptr, accepted_lengths_ptr, next_tokens_ptr, outp
     tl.store(accepted_lengths_ptr + b, k.to(tl.int64))
 
 
-# --- fused: one launch, split vocabulary sweep, atomic combine -----------------------------------
+# --- fused: one launch, one chunk per program, atomic combine ----------------------------------
 @triton.jit(do_not_specialize=["seed", "offset"])
 def _fused_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, noise_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, best_ptr, arrivals_ptr,
-    seed, offset, vocab, tiles_per_split, splits,
+    seed, offset, vocab, chunks,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
-    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, OUT_PAD: tl.constexpr,
+    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, ROWS: tl.constexpr,
     LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
 ):
-    """Grid (B, splits). Program (b, s): the acceptance scan of sequence b (γ token ids, γ p and q
-    scalars, γ uniforms), then tiles [s·tiles_per_split, (s+1)·tiles_per_split) of the stopping row
-    (p and q there, or p alone at the bonus row), one atomic_max and one atomic_add. The last
-    arrival decodes the winner and writes the outputs. Registers: a [QUARTER] int64 running max plus
-    one quarter's p, q, noise at a time (4 elements each per thread at 4 warps); no shared memory
-    beyond the reductions. best_ptr (int64 [B]) and arrivals_ptr (int32 [B]) must start zeroed;
-    each launch leaves them zeroed, so CUDA-graph replays start clean.
+    """Grid (B, chunks). Program (b, c) owns columns [c·CHUNK, (c+1)·CHUNK), CHUNK = 4·ROWS, as
+    [ROWS, 4] groups (4 contiguous columns per thread and row: 16-byte loads in float32).
+
+    Order matters for latency, every step being a dependent memory round trip: (1) issue the γ
+    token-id loads; (2) while they fly, draw (or load) the chunk's race noise, which needs no draft
+    data; (3) gather p, q at the tokens and find k, the first rejection; (4) load the chunk of row k
+    (p and q, or p alone at the bonus row) and reduce to one packed key; (5) atomic_max it into
+    best[b] (relaxed), then atomic_add(arrivals[b]) (acq_rel: orders the max before it and, in the
+    last program, every other program's max before what follows); (6) the last arrival takes the
+    winner with atomic_xchg(best[b], 0), reruns the race over p if w was 0 on the whole row (never,
+    on real distributions), and writes the outputs from the scan's registers. best_ptr (int64 [B])
+    and arrivals_ptr (int32 [B]) must start zeroed; each launch leaves them zeroed, so CUDA-graph
+    replays start clean.
     """
     b = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
+    start = tl.program_id(1) * (4 * ROWS)
+    cols = _chunk_columns(start, ROWS)
 
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=in_draft, other=0).to(tl.int64)
+    noise_row = noise_ptr + b * stride_e_b
+    noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
+
     p = _decode(tl.load(target_ptr + b * stride_p_b + positions * stride_p_row + tokens, mask=in_draft, other=0.0),
                 LOGPROBS, PRECISE_MATH)
     q = _decode(tl.load(draft_ptr + b * stride_q_b + positions * stride_q_row + tokens, mask=in_draft, other=0.0),
@@ -210,20 +293,22 @@ def _fused_kernel(
     has_draft = k < GAMMA
     target_row = target_ptr + b * stride_p_b + k * stride_p_row
     draft_row = draft_ptr + b * stride_q_b + tl.minimum(k, GAMMA - 1) * stride_q_row
-    noise_row = noise_ptr + b * stride_e_b
-    first_tile = split * tiles_per_split
-    last_tile = tl.minimum(first_tile + tiles_per_split, tl.cdiv(vocab, BLOCK_V))
-    best = tl.full([QUARTER], -1, tl.int64)
-    for tile in range(first_tile, last_tile):
-        best = tl.maximum(best, _tile_keys(target_row, draft_row, noise_row, has_draft, b, tile, vocab, seed, offset,
-                                           LOGPROBS, PRECISE_MATH, FAST))
-    tl.atomic_max(best_ptr + b, tl.max(best, axis=0))
-    arrived = tl.atomic_add(arrivals_ptr + b, 1)  # acq_rel: orders this program's atomic_max before it
-    if arrived == splits - 1:
-        winner = tl.atomic_xchg(best_ptr + b, 0)  # read the combined key and reset the slot at once
-        _write_outputs(draft_tokens_ptr, accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, b, k,
-                       _token_of(winner), stride_tok_b, stride_out_b, GAMMA, OUT_PAD)
-        tl.atomic_xchg(arrivals_ptr + b, 0)
+    keys = _residual_keys(target_row, draft_row, noise, has_draft, cols, vocab, LOGPROBS, PRECISE_MATH, FAST)
+    tl.atomic_max(best_ptr + b, tl.max(tl.max(keys, axis=1), axis=0), sem="relaxed")
+    arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
+    if arrived == chunks - 1:
+        winner = tl.atomic_xchg(best_ptr + b, 0, sem="relaxed")  # read the combined key and reset the slot
+        if winner <= 0:
+            winner = _fallback_race(target_row, noise_row, b, vocab, seed, offset, ROWS, LOGPROBS, PRECISE_MATH, FAST)
+        next_token = _token_of(winner)
+        out_row = output_tokens_ptr + b * stride_out_b
+        out_type = output_tokens_ptr.dtype.element_ty
+        drafts = tl.where(positions < k, tokens, tl.where(positions == k, next_token, -1))
+        tl.store(out_row + positions, drafts.to(out_type), mask=in_draft)
+        tl.store(out_row + GAMMA, tl.where(has_draft, -1, next_token).to(out_type))
+        tl.store(next_tokens_ptr + b, next_token.to(next_tokens_ptr.dtype.element_ty))
+        tl.store(accepted_lengths_ptr + b, k.to(tl.int64))
+        tl.store(arrivals_ptr + b, 0)  # every program of b has arrived: nothing else touches it this launch
 
 
 # --- flashspec: verify (scalars only) + gather + sample ------------------------------------------
@@ -284,7 +369,7 @@ def _flashspec_sample_kernel(
     target_ptr, draft_ptr, noise_ptr, accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr,
     seed, offset, vocab,
     stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_e_b, stride_out_b,
-    GAMMA: tl.constexpr, OUT_PAD: tl.constexpr,
+    GAMMA: tl.constexpr, OUT_PAD: tl.constexpr, ROWS: tl.constexpr,
     LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
 ):
     """Grid (B,). One program sweeps all of row k = accepted_lengths[b] (one pass, running max of the
@@ -294,12 +379,8 @@ def _flashspec_sample_kernel(
     has_draft = k < GAMMA
     target_row = target_ptr + b * stride_p_b + k * stride_p_row
     draft_row = draft_ptr + b * stride_q_b + tl.minimum(k, GAMMA - 1) * stride_q_row
-    noise_row = noise_ptr + b * stride_e_b
-    best = tl.full([QUARTER], -1, tl.int64)
-    for tile in range(0, tl.cdiv(vocab, BLOCK_V)):
-        best = tl.maximum(best, _tile_keys(target_row, draft_row, noise_row, has_draft, b, tile, vocab, seed, offset,
-                                           LOGPROBS, PRECISE_MATH, FAST))
-    next_token = _token_of(tl.max(best, axis=0))
+    next_token = _race_row(target_row, draft_row, noise_ptr + b * stride_e_b, has_draft, b, vocab, seed, offset,
+                           ROWS, LOGPROBS, PRECISE_MATH, FAST)
     tl.store(next_tokens_ptr + b, next_token.to(next_tokens_ptr.dtype.element_ty))
     cols = tl.arange(0, OUT_PAD)
     tail = tl.where(cols == k, next_token, -1)
@@ -312,7 +393,7 @@ def _flashspec_sample_kernel(
 def _serial_recovered_kernel(
     target_ptr, draft_ptr, noise_ptr, recovered_ptr, vocab,
     stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_e_b,
-    GAMMA: tl.constexpr, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr,
+    GAMMA: tl.constexpr, ROWS: tl.constexpr, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr,
 ):
     """Grid (B, γ+1). Program (b, i) sweeps the whole vocabulary at row i (residual p_i - q_i, or p_γ
     at i = γ) with the sequence's noise row and writes recovered[b, i]: γ+1 full sweeps per
@@ -322,12 +403,9 @@ def _serial_recovered_kernel(
     has_draft = position < GAMMA
     target_row = target_ptr + b * stride_p_b + position * stride_p_row
     draft_row = draft_ptr + b * stride_q_b + tl.minimum(position, GAMMA - 1) * stride_q_row
-    noise_row = noise_ptr + b * stride_e_b
-    best = tl.full([QUARTER], -1, tl.int64)
-    for tile in range(0, tl.cdiv(vocab, BLOCK_V)):
-        best = tl.maximum(best, _tile_keys(target_row, draft_row, noise_row, has_draft, b, tile, vocab, 0, 0,
-                                           LOGPROBS, PRECISE_MATH, False))
-    tl.store(recovered_ptr + b * (GAMMA + 1) + position, _token_of(tl.max(best, axis=0)))
+    token = _race_row(target_row, draft_row, noise_ptr + b * stride_e_b, has_draft, b, vocab, 0, 0,
+                      ROWS, LOGPROBS, PRECISE_MATH, False)
+    tl.store(recovered_ptr + b * (GAMMA + 1) + position, token)
 
 
 @triton.jit
@@ -389,24 +467,34 @@ class ProbTensors:
 
 @dataclass(frozen=True)
 class FusedPlan:
-    """How the fused kernel splits each sequence's vocabulary sweep."""
+    """How the fused kernel splits each sequence's vocabulary sweep: one chunk per program."""
 
-    splits: int  # programs per sequence
-    tiles_per_split: int  # BLOCK_V tiles each program sweeps
+    chunk: int  # columns per program (a power of two, a multiple of GROUP)
+    splits: int  # programs per sequence = ⌈V / chunk⌉
+    num_warps: int
+
+    @property
+    def rows(self) -> int:
+        return self.chunk // GROUP
 
 
-def fused_plan(batch: int, vocab: int, target_programs: int) -> FusedPlan:
-    """Split so B·splits ≈ target_programs (but at least one BLOCK_V tile per program)."""
-    tiles = triton.cdiv(vocab, VOCAB_TILE)
-    splits = max(1, min(tiles, triton.cdiv(target_programs, batch)))
-    tiles_per_split = triton.cdiv(tiles, splits)
-    return FusedPlan(splits=triton.cdiv(tiles, tiles_per_split), tiles_per_split=tiles_per_split)
+def fused_plan(batch: int, vocab: int, target_programs: int, chunk_min: int | None = None,
+               chunk_max: int = CHUNK_MAX) -> FusedPlan:
+    """The largest power-of-two chunk in [chunk_min, chunk_max] that still gives B·⌈V/chunk⌉ >=
+    target_programs (the smallest chunk when none does); warps = chunk / 128 within [1, MAX_WARPS],
+    i.e. 4 columns per thread up to 512 columns, then 4 warps with 8 (1024) or 16 (2048) per thread."""
+    chunk_min = CHUNK_MIN if chunk_min is None else chunk_min
+    chunk = chunk_max
+    while chunk > chunk_min and batch * triton.cdiv(vocab, chunk) < target_programs:
+        chunk //= 2
+    warps = max(1, min(MAX_WARPS, chunk // (32 * GROUP)))
+    return FusedPlan(chunk=chunk, splits=triton.cdiv(vocab, chunk), num_warps=warps)
 
 
 def default_fused_plan(batch: int, vocab: int, device: torch.device) -> FusedPlan:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return fused_plan(batch, vocab, FUSED_PROGRAMS_PER_SM * sms)
+        return fused_plan(batch, vocab, max(1, int(FUSED_PROGRAMS_PER_SM * sms)))
     return fused_plan(batch, vocab, 4 * batch)  # the interpreter: a few splits, to exercise the combine
 
 
@@ -421,33 +509,121 @@ def _philox_offset(offset: int) -> int:
 Launch = Callable[[], None]
 
 
+def _hook_calls(hook) -> list | tuple:
+    """The callables a Triton launch hook would run: triton >= 3.5 keeps a HookChain (its `calls`
+    list, empty by default, and the same list object for the life of the process); older versions a
+    plain callable or None."""
+    if hook is None:
+        return ()
+    calls = getattr(hook, "calls", None)
+    return calls if isinstance(calls, list) else [hook]
+
+
+class BoundLaunch:
+    """`kernel[grid](*args, **meta)` as a zero-argument call that, after its first (compiling) call,
+    skips Triton's Python launcher.
+
+    JITFunction.run binds and specialises every argument, hashes a cache key, looks the kernel up and
+    builds launch metadata on each call, and the compiled launcher then calls `data_ptr()` and
+    cuPointerGetAttribute for every tensor: tens of µs of host time per launch on the H100 host. The
+    first call goes through JITFunction.run, which returns the CompiledKernel; later calls hand the
+    same arguments (tensors as raw device pointers, bound here once) straight to that kernel's
+    launcher (`CompiledKernel.run`, the call JITFunction.run itself ends with) on the current stream,
+    so CUDA-graph capture still records them. The ordinary path is kept when the first call returns
+    no CompiledKernel (the interpreter) and, call by call, while a Triton launch hook is installed
+    (`triton.knobs.runtime.launch_enter_hook` / `launch_exit_hook`: Proton and similar profilers,
+    which the direct path would bypass). The bound tensors must stay the launch's arguments for its
+    whole life (prepare binds them once and keeps them).
+    """
+
+    def __init__(self, kernel, grid: tuple[int, ...], args: tuple, meta: dict, device: torch.device) -> None:
+        self._kernel, self._grid, self._args, self._meta = kernel, grid, args, meta
+        self._device_index = device.index if device.index is not None else (
+            torch.cuda.current_device() if device.type == "cuda" else 0)
+        self._direct: Launch | None = None
+        self.direct_reason: str | None = "not launched yet"
+
+    def _slow(self):
+        return self._kernel[self._grid](*self._args, **self._meta)
+
+    def __call__(self) -> None:
+        if self._direct is not None:
+            self._direct()
+            return
+        compiled = self._slow()
+        if self.direct_reason == "not launched yet":
+            self._direct, self.direct_reason = self._bind(compiled)
+
+    def _bind(self, compiled) -> tuple[Launch | None, str | None]:
+        needed = ("run", "function", "packed_metadata")
+        if compiled is None or not all(hasattr(compiled, name) for name in needed):
+            return None, "no CompiledKernel (interpreter)"
+        try:
+            from triton import knobs
+
+            enter_calls = _hook_calls(knobs.runtime.launch_enter_hook)
+            exit_calls = _hook_calls(knobs.runtime.launch_exit_hook)
+        except (ImportError, AttributeError):  # older Triton: no knobs, no hooks to honour
+            enter_calls, exit_calls = (), ()
+        names = list(self._kernel.arg_names)
+        values = list(self._args) + [self._meta[name] for name in names[len(self._args):]]
+        if len(values) != len(names):
+            return None, f"argument count {len(values)} != {len(names)}"
+        values = [value.data_ptr() if isinstance(value, torch.Tensor) else value for value in values]
+        run = compiled.run  # the compiled launcher (loads the module on first access)
+        if getattr(run, "global_scratch_size", 0) or getattr(run, "profile_scratch_size", 0):
+            return None, "the kernel needs launcher-allocated scratch"
+        function, packed = compiled.function, compiled.packed_metadata
+        grid_x, grid_y, grid_z = tuple(self._grid) + (1,) * (3 - len(self._grid))
+        current_stream = torch._C._cuda_getCurrentRawStream
+        device_index = self._device_index
+        arguments = tuple(values)
+        slow = self._slow
+
+        def direct() -> None:
+            if enter_calls or exit_calls:  # a hook was installed after binding: let Triton run it
+                slow()
+                return
+            run(grid_x, grid_y, grid_z, current_stream(device_index), function, packed, None, None, None, *arguments)
+
+        return direct, None
+
+
 def fused_launcher(inputs: ProbTensors, outputs: dict[str, torch.Tensor], best: torch.Tensor, arrivals: torch.Tensor,
                    plan: FusedPlan, fast: bool, seed: int = 0, offset: int = 0) -> Launch:
     """A zero-argument launch of the fused kernel into outputs (accepted_lengths, next_tokens,
-    output_tokens); arguments are bound once, so a call costs only Triton's launch."""
+    output_tokens); arguments are bound once, and after the first call the compiled kernel is
+    launched directly (BoundLaunch)."""
     batch, gamma, vocab = inputs.shape
     t = inputs
     grid = (batch, plan.splits)
     args = (
         t.draft_tokens, t.target_probs, t.draft_probs, t.uniforms, t.exponential_noise,
         outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"], best, arrivals,
-        seed, _philox_offset(offset), vocab, plan.tiles_per_split, plan.splits,
+        seed, _philox_offset(offset), vocab, plan.splits,
         t.draft_tokens.stride(0), t.target_probs.stride(0), t.target_probs.stride(1),
         t.draft_probs.stride(0), t.draft_probs.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0),
         outputs["output_tokens"].stride(0),
     )
     meta = dict(
-        GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), OUT_PAD=triton.next_power_of_2(gamma + 1),
-        LOGPROBS=t.logprobs, PRECISE_MATH=_precise_math(t.draft_tokens.device), FAST=fast, num_warps=FUSED_WARPS,
+        GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), ROWS=plan.rows,
+        LOGPROBS=t.logprobs, PRECISE_MATH=_precise_math(t.draft_tokens.device), FAST=fast,
     )
-    kernel = _fused_kernel[grid]
-    return lambda: kernel(*args, **meta)
+    launch_meta = dict(meta, num_warps=plan.num_warps)
+    return BoundLaunch(_fused_kernel, grid, args, launch_meta, t.draft_tokens.device)
 
 
 def launch_fused(inputs: ProbTensors, outputs: dict[str, torch.Tensor], best: torch.Tensor, arrivals: torch.Tensor,
                  plan: FusedPlan, fast: bool, seed: int = 0, offset: int = 0) -> None:
     """One launch of the fused kernel (see fused_launcher)."""
     fused_launcher(inputs, outputs, best, arrivals, plan, fast, seed, offset)()
+
+
+def _sweep_rows() -> int:
+    """Rows of 4 columns per step of a one-program-per-row sweep (flashspec sample, serial)."""
+    if INTERPRETED:
+        return 128  # 512 columns a step: masking and several steps exercised at the tested sizes
+    return SWEEP_ROWS
 
 
 def flashspec_launcher(inputs: ProbTensors, outputs: dict[str, torch.Tensor], accepted: torch.Tensor,
@@ -472,8 +648,8 @@ def flashspec_launcher(inputs: ProbTensors, outputs: dict[str, torch.Tensor], ac
         t.target_probs.stride(0), t.target_probs.stride(1), t.draft_probs.stride(0), t.draft_probs.stride(1),
         t.exponential_noise.stride(0), outputs["output_tokens"].stride(0),
     )
-    sample_meta = dict(GAMMA=gamma, OUT_PAD=triton.next_power_of_2(gamma + 1), LOGPROBS=t.logprobs,
-                       PRECISE_MATH=precise, FAST=fast, num_warps=FUSED_WARPS)
+    sample_meta = dict(GAMMA=gamma, OUT_PAD=triton.next_power_of_2(gamma + 1), ROWS=_sweep_rows(),
+                       LOGPROBS=t.logprobs, PRECISE_MATH=precise, FAST=fast, num_warps=SWEEP_WARPS)
     if INTERPRETED:
         verify = _flashspec_verify_kernel[(triton.cdiv(batch, INTERPRETER_BLOCK_B), gamma)]
         gather = _flashspec_gather_kernel[(triton.cdiv(batch * gamma, INTERPRETER_BLOCK_SIZE),)]
@@ -505,7 +681,8 @@ def serial_launcher(inputs: ProbTensors, outputs: dict[str, torch.Tensor], recov
         t.target_probs.stride(0), t.target_probs.stride(1), t.draft_probs.stride(0), t.draft_probs.stride(1),
         t.exponential_noise.stride(0),
     )
-    recovered_meta = dict(GAMMA=gamma, LOGPROBS=t.logprobs, PRECISE_MATH=precise, num_warps=FUSED_WARPS)
+    recovered_meta = dict(GAMMA=gamma, ROWS=_sweep_rows(), LOGPROBS=t.logprobs, PRECISE_MATH=precise,
+                          num_warps=SWEEP_WARPS)
     scan_args = (
         t.draft_tokens, t.target_probs, t.draft_probs, t.uniforms, recovered,
         outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"],

@@ -85,6 +85,112 @@ def test_fused_plan_fills_the_machine_at_batch_32():
     assert 32 * plan.splits >= sms, plan
 
 
+def test_fused_spreads_one_sequence_over_the_machine():
+    """b=1: the row is split over about one program per SM (latency), not a handful."""
+    from sdbench.kernels import prob_triton
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for vocab in (32000, 128256):
+        plan = prob_triton.default_fused_plan(1, vocab, torch.device(DEVICE))
+        assert plan.splits >= sms // 2, (vocab, plan)
+
+
+def _fused_with_plan(workload, plan):
+    from sdbench.kernels import prob_triton
+
+    batch, gamma = workload.draft_tokens.shape
+    outputs = {
+        "accepted_lengths": torch.empty(batch, dtype=torch.int64, device=DEVICE),
+        "next_tokens": torch.empty(batch, dtype=workload.draft_tokens.dtype, device=DEVICE),
+        "output_tokens": torch.empty((batch, gamma + 1), dtype=workload.draft_tokens.dtype, device=DEVICE),
+    }
+    best = torch.zeros(batch, dtype=torch.int64, device=DEVICE)
+    arrivals = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
+    inputs = prob_triton.ProbTensors(workload.draft_tokens, workload.target_probs, workload.draft_probs,
+                                     workload.uniforms, workload.exponential_noise, logprobs=workload.config.logprobs)
+    parity.poison(outputs)
+    prob_triton.launch_fused(inputs, outputs, best, arrivals, plan, fast=workload.randomness == "fast",
+                             seed=workload.seed, offset=workload.offset)
+    torch.cuda.synchronize()
+    assert not best.any() and not arrivals.any(), "scratch not reset"
+    return outputs
+
+
+@pytest.mark.parametrize("randomness", ["supplied", "fast"])
+def test_fused_tokens_do_not_depend_on_the_plan(randomness):
+    """Every chunk size and warp count gives the same tokens: the reference's in supplied mode, and
+    flashspec's in fast mode (the Philox stream is keyed by column, not by tile)."""
+    from sdbench.kernels import prob_triton
+
+    vocab = 32000
+    workload = make_prob_workload(VerifyConfig(32, 8, 0.6, vocab_size=vocab, seed=21), DEVICE)
+    workload = workload.with_randomness(randomness, offset=4)
+    if randomness == "supplied":
+        expected = parity.expected_outputs("prob_verify", workload)
+    else:
+        expected = _snapshot(registry.get("prob_verify", "flashspec").prepare(workload))
+    for chunk, warps in ((256, 1), (256, 2), (512, 4), (1024, 4), (2048, 4), (2048, 8), (4096, 4)):
+        plan = prob_triton.FusedPlan(chunk=chunk, splits=-(-vocab // chunk), num_warps=warps)
+        outputs = _fused_with_plan(workload, plan)
+        if randomness == "supplied":
+            assert parity.compare(expected, outputs) is None, plan
+        else:
+            assert all(torch.equal(outputs[key], expected[key]) for key in outputs), plan
+
+
+def test_fused_launches_directly_and_honours_launch_hooks():
+    """After the warm-up, fused bypasses JITFunction.run; a Triton launch hook installed later is
+    still called (the launch then goes through Triton's own path), and the tokens never change."""
+    from triton import knobs
+
+    from sdbench.kernels import prob_triton
+
+    workload = make_prob_workload(VerifyConfig(8, 4, 0.6, vocab_size=32000, seed=22), DEVICE)
+    run = registry.get("prob_verify", "fused").prepare(workload)  # warms up, which binds
+    assert isinstance(run.launch, prob_triton.BoundLaunch)
+    assert run.launch.direct_reason is None, run.launch.direct_reason
+    expected = parity.expected_outputs("prob_verify", workload)
+    parity.poison(run.outputs)
+    assert parity.compare(expected, run()) is None
+    hook = knobs.runtime.launch_enter_hook
+    if not hasattr(hook, "add"):
+        pytest.skip("this Triton has no HookChain launch hooks")
+    seen = []
+    hook.add(seen.append)
+    try:
+        parity.poison(run.outputs)
+        outputs = run()
+        torch.cuda.synchronize()
+    finally:
+        hook.remove(seen.append)
+    assert seen, "the launch hook was not called"
+    assert parity.compare(expected, outputs) is None
+
+
+def test_fused_fallback_race_spans_programs():
+    """w = 0 on the whole rejected row (q >= p everywhere, unnormalised q), with p's mass in three
+    chunks far apart: the last program reruns the race over p across the whole row, like the
+    reference, in every Triton implementation."""
+    vocab, batch = 5000, 64
+    support = torch.tensor([1, 2100, 4200])
+    p = torch.zeros(batch, 2, vocab)
+    p[:, 0, support] = torch.tensor([0.4, 0.3, 0.3])
+    p[:, 1, :] = 1 / vocab
+    q = torch.zeros(batch, 1, vocab)
+    q[:, 0, torch.tensor([0, 1, 2100, 4200])] = torch.tensor([0.3, 0.5, 0.5, 0.5])
+    workload = prob_workload_from_distributions(p.to(DEVICE), q.to(DEVICE), VerifyConfig(batch, 1, vocab_size=vocab, seed=23))
+    assert bool((workload.draft_tokens == 0).any())
+    from sdbench.kernels import prob_triton
+
+    assert prob_triton.default_fused_plan(batch, vocab, torch.device(DEVICE)).splits >= 3
+    for name in ("fused", "flashspec", "serial_sampler"):
+        assert parity.check(registry.get("prob_verify", name), workload) is None, name
+    outputs = _snapshot(registry.get("prob_verify", "fused").prepare(workload.with_randomness("fast", offset=3)))
+    rejected = outputs["accepted_lengths"] == 0
+    assert bool(rejected.any())
+    assert bool(torch.isin(outputs["next_tokens"][rejected].cpu(), support).all()), outputs["next_tokens"][rejected]
+
+
 # --- sync-free and graph-capturable --------------------------------------------------------------
 @pytest.mark.parametrize("randomness", ["supplied", "fast"])
 def test_fused_is_sync_free(randomness):
