@@ -33,6 +33,7 @@ import json
 import os
 import secrets
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,14 +338,19 @@ def run_torch(run, iters: int) -> list[KernelTime]:
     with profile(activities=activities):  # the first session initialises CUPTI; it can miss events
         run()
         torch.cuda.synchronize()
-    with profile(activities=activities) as prof:
-        for _ in range(iters):
-            run()
-        torch.cuda.synchronize()
-    events = list(_device_events(prof))
-    if not events:
-        raise ToolFailed("torch.profiler recorded no device activity (CUPTI unavailable?)")
-    return aggregate_kernels(events, iters)
+    from sdbench.timing import CUPTI_ATTEMPTS, CUPTI_RETRY_PAUSE_S
+
+    for attempt in range(CUPTI_ATTEMPTS):  # a session can record nothing while CUPTI re-attaches
+        if attempt:
+            time.sleep(CUPTI_RETRY_PAUSE_S)
+        with profile(activities=activities) as prof:
+            for _ in range(iters):
+                run()
+            torch.cuda.synchronize()
+        events = list(_device_events(prof))
+        if events:
+            return aggregate_kernels(events, iters)
+    raise ToolFailed(f"torch.profiler recorded no device activity in {CUPTI_ATTEMPTS} sessions (CUPTI unavailable?)")
 
 
 def _device_events(prof) -> Iterable[tuple[str, float]]:

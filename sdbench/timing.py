@@ -17,6 +17,7 @@ zero-argument callables and returns per-iteration samples in microseconds.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -29,12 +30,6 @@ LAUNCH_FLOOR = "launch_floor"
 CUDA_VIEWS = ("wall", "graph", "gpu")
 CPU_VIEWS = ("cpu",)
 
-# Tear CUPTI down after every profiler session. Left attached (kineto's default here), it adds
-# ~9 µs to every later kernel launch: measured on the H100 host, an empty kernel's wall time went
-# from 20.7 µs before a torch.profiler session to 29.4 µs after it, and stayed at 25 µs with this
-# set. The gpu view profiles between wall and graph measurements, so without it every wall and
-# graph number after the first config would carry that tax. A user's explicit setting wins.
-os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 # Eager calls made on a side stream before capture: lazy init (cuBLAS handles, Triton autotuning,
 # allocator growth) must not happen inside the capture.
@@ -326,33 +321,49 @@ def _measure_graph(callables, device, options, flush, not_capturable) -> dict[st
     return results
 
 
+@contextlib.contextmanager
+def _cupti_torn_down_after():
+    """Have kineto detach CUPTI when this profiler session ends (TEARDOWN_CUPTI=1 while it runs).
+
+    Left attached (kineto's default), CUPTI adds ~9 µs to every later kernel launch: measured on
+    the H100 host, an empty kernel's wall time went from 20.7 µs before a torch.profiler session to
+    29.4 µs after it, and stayed at 25 µs with teardown. The gpu view profiles once per config, so
+    without this every later wall and graph number would carry that tax. Scoped to this session:
+    `sdbench profile` runs back-to-back sessions, and one that follows a teardown records nothing.
+    A user's explicit setting wins.
+    """
+    previous = os.environ.get("TEARDOWN_CUPTI")
+    if previous is None:
+        os.environ["TEARDOWN_CUPTI"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TEARDOWN_CUPTI", None)
+
+
+# A profiler session can record no device activity at all while CUPTI re-attaches (seen on the
+# H100 host right after another session's teardown): such a session is run again, after a pause.
+CUPTI_ATTEMPTS = 3
+CUPTI_RETRY_PAUSE_S = 0.25
+
+
 def _measure_gpu(callables, device, options, flush) -> dict[str, ViewResult]:
     """CUPTI device time: each iteration inside a profiler annotation, its device work summed."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    results = {name: ViewResult() for name in callables}
     names = list(callables)
-    iters = min(options.gpu_iters, options.iters)
-    active = list(names)
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for iteration in range(iters):
-                for name in _rotation(active, iteration):
-                    if flush is not None:
-                        flush()
-                    torch.cuda.synchronize(device)
-                    try:
-                        with record_function(f"{_MARK}{names.index(name)}:{iteration}"):
-                            callables[name]()
-                    except Exception as err:
-                        _fail(results[name], err, active, name)
-            torch.cuda.synchronize(device)
-        per_iteration, device_events = _device_time_per_annotation(prof.profiler.kineto_results.events())
-    except Exception as err:
-        reason = f"torch.profiler (CUPTI) failed: {_describe(err)}"
-        return {name: ViewResult(status="unavailable", reason=reason) for name in names}
-    if device_events == 0:
-        reason = "CUPTI recorded no device activity (is the profiler usable on this machine?)"
+    for attempt in range(CUPTI_ATTEMPTS):
+        if attempt:
+            time.sleep(CUPTI_RETRY_PAUSE_S)
+        results = {name: ViewResult() for name in callables}
+        try:
+            per_iteration, device_events, iters = _profile_session(callables, device, options, flush, results)
+        except Exception as err:
+            reason = f"torch.profiler (CUPTI) failed: {_describe(err)}"
+            return {name: ViewResult(status="unavailable", reason=reason) for name in names}
+        if device_events:
+            break
+    else:
+        reason = f"CUPTI recorded no device activity in {CUPTI_ATTEMPTS} sessions (is the profiler usable here?)"
         return {name: ViewResult(status="unavailable", reason=reason) for name in names}
     for index, name in enumerate(names):
         if results[name].status == "ok":
@@ -369,6 +380,30 @@ def is_device_work(event) -> bool:
     """True for a kineto device event that is real device work (a kernel, memcpy or memset)."""
     kind = event.activity_type() if hasattr(event, "activity_type") else ""
     return kind not in NOT_DEVICE_WORK
+
+
+def _profile_session(callables, device, options, flush, results):
+    """One torch.profiler session over the interleaved iterations: (per-iteration totals, device
+    events seen, iterations)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    names = list(callables)
+    iters = min(options.gpu_iters, options.iters)
+    active = list(names)
+    with _cupti_torn_down_after(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for iteration in range(iters):
+            for name in _rotation(active, iteration):
+                if flush is not None:
+                    flush()
+                torch.cuda.synchronize(device)
+                try:
+                    with record_function(f"{_MARK}{names.index(name)}:{iteration}"):
+                        callables[name]()
+                except Exception as err:
+                    _fail(results[name], err, active, name)
+        torch.cuda.synchronize(device)
+    per_iteration, device_events = _device_time_per_annotation(prof.profiler.kineto_results.events())
+    return per_iteration, device_events, iters
 
 
 def _device_time_per_annotation(kineto_events) -> tuple[dict[tuple[int, int], float], int]:

@@ -1,6 +1,7 @@
 """Timing engine on the CPU: statistics on synthetic samples, round-robin order, failures, CUPTI attribution."""
 
 import math
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -141,3 +142,34 @@ def test_device_time_is_summed_per_annotation():
     totals, device_events = timing._device_time_per_annotation(events)
     assert totals == {(0, 0): 3.0, (1, 0): 0.3}
     assert device_events == 4
+
+
+def test_cupti_teardown_is_scoped_to_the_gpu_view_session(monkeypatch):
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    with timing._cupti_torn_down_after():
+        assert os.environ["TEARDOWN_CUPTI"] == "1"
+    assert "TEARDOWN_CUPTI" not in os.environ
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # the user's explicit choice wins
+    with timing._cupti_torn_down_after():
+        assert os.environ["TEARDOWN_CUPTI"] == "0"
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
+
+
+def test_gpu_view_runs_a_silent_profiler_session_again(monkeypatch):
+    """A session that records no device activity (CUPTI re-attaching) is retried, not reported as 0 µs."""
+    sessions = []
+
+    def fake_session(callables, device, options, flush, results):
+        sessions.append(1)
+        if len(sessions) == 1:
+            return {}, 0, 2
+        return {(0, 0): 1.5, (0, 1): 2.5}, 2, 2
+
+    monkeypatch.setattr(timing, "_profile_session", fake_session)
+    monkeypatch.setattr(timing, "CUPTI_RETRY_PAUSE_S", 0.0)
+    result = timing._measure_gpu({"k": lambda: None}, "cuda", timing.TimingOptions(iters=2, gpu_iters=2), None)
+    assert len(sessions) == 2 and result["k"].samples_us == [1.5, 2.5]
+    sessions.clear()
+    monkeypatch.setattr(timing, "_profile_session", lambda *a: (sessions.append(1), ({}, 0, 2))[1])
+    result = timing._measure_gpu({"k": lambda: None}, "cuda", timing.TimingOptions(iters=2, gpu_iters=2), None)
+    assert len(sessions) == timing.CUPTI_ATTEMPTS and result["k"].status == "unavailable"
