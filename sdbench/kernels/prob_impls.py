@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import os
 import sys
 
 import torch
@@ -67,18 +66,16 @@ def _warm_up(run: BufferedRun, w: ProbWorkload) -> BufferedRun:
 
 
 def _triton_probe(device: torch.device) -> str | None:
-    if importlib.util.find_spec("triton") is None:
-        return "triton is not installed (pip install triton)"
-    if device.type == "cuda" and not torch.cuda.is_available():
-        return "needs a CUDA device"
-    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    if device.type == "cpu" and not interpreting:
-        return "Triton runs on CPU tensors only under TRITON_INTERPRET=1 (set it before Python starts)"
+    """triton_impls' probe (installed, interpreter vs GPU), plus: the prob kernels were decorated
+    under the same TRITON_INTERPRET as the rest."""
+    from sdbench.kernels import triton_impls
+
+    reason = triton_impls.unavailable_reason(device)
+    if reason is not None:
+        return reason
     loaded = sys.modules.get(_TRITON_MODULE)
-    if loaded is not None and loaded.INTERPRETED != interpreting:
+    if loaded is not None and loaded.INTERPRETED != triton_impls.INTERPRETED:
         return "TRITON_INTERPRET changed after the Triton kernels were loaded; restart Python"
-    if device.type == "cuda" and interpreting:
-        return "TRITON_INTERPRET=1 runs Triton on CPU tensors only; unset it for CUDA"
     return None
 
 

@@ -49,7 +49,7 @@ try:
 except ImportError:  # older Triton layouts
     from triton.language.extra.cuda import libdevice
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # triton.jit reads it at decoration time
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # triton.jit reads it at decoration time
 
 GROUP = 4  # columns per Philox call, and per thread-contiguous group (16-byte float32 loads)
 # Globals a jit function reads must be constexpr.
