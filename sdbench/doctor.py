@@ -346,6 +346,10 @@ def _not_found(info: ToolInfo, what: str, has_gpu: bool, fix: str) -> Check:
     return Check(info.name, PASS, f"not found; {what} (only matters on a GPU machine)")
 
 
+def _where(info: ToolInfo) -> str:
+    return f"{info.path} ({info.version or 'version unknown'})" + ("" if info.on_path else ", not on PATH")
+
+
 def _path_exports(info: ToolInfo) -> tuple[str, ...]:
     return () if info.on_path or not info.found else (f"export PATH={info.directory}:$PATH",)
 
@@ -356,7 +360,7 @@ def check_nsys(facts: Facts) -> Check:
     if not info.found:
         return _not_found(info, "`sdbench profile --tool nsys` is unavailable", has_gpu,
                           "install Nsight Systems (or use --tool torch)")
-    where = f"{info.path} ({info.version or 'version unknown'})" + ("" if info.on_path else ", not on PATH")
+    where = _where(info)
     exports = _path_exports(info)
     # A tiny profile that ran is the evidence; without one, ldd's view of the importer is.
     broken = facts.nsys_smoke is not None if facts.nsys_smoke_ran else bool(facts.nsys_missing_libs)
@@ -382,7 +386,7 @@ def check_ncu(facts: Facts) -> Check:
     if not info.found:
         return _not_found(info, "no hardware counters (warp efficiency, occupancy)", has_gpu,
                           "install Nsight Compute (or use --tool torch / nsys)")
-    where = f"{info.path} ({info.version or 'version unknown'})" + ("" if info.on_path else ", not on PATH")
+    where = _where(info)
     exports = _path_exports(info)
     if facts.ncu_deep_ran and facts.ncu_deep:
         if tools.is_ncu_permission_error(facts.ncu_deep):
@@ -406,7 +410,7 @@ def check_sanitizer(facts: Facts) -> Check:
     if not info.found:
         return _not_found(info, "no memcheck/racecheck runs", facts.gpu is not None, "install the CUDA toolkit")
     exports = _path_exports(info)
-    where = f"{info.path} ({info.version or 'version unknown'})" + ("" if info.on_path else ", not on PATH")
+    where = _where(info)
     return Check("compute-sanitizer", WARN if exports else PASS, where, exports[0] if exports else "", exports)
 
 

@@ -92,13 +92,7 @@ def latency_vs_gamma(report: Report, op: str):
     alphas = _spread([cell.get("alpha") for cell in cells])
     fig, axes = _panels(plt, len(alphas))
     for axis, alpha in zip(axes, alphas, strict=True):
-        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        for cell in cells:
-            if cell.get("alpha") == alpha:
-                series[cell.impl].append((cell.get("gamma"), cell.median(report.primary_view)))
-        for name, points in sorted(series.items()):
-            points.sort()
-            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        _plot_impl_curves(axis, [c for c in cells if c.get("alpha") == alpha], "gamma", report.primary_view)
         axis.set(xscale="log", yscale="log", title=f"α = {alpha:g}", xlabel="γ (draft tokens per sequence)")
         axis.set_xticks(gammas, [str(g) for g in gammas])
         _plain_log_ticks(axis)
@@ -107,6 +101,16 @@ def latency_vs_gamma(report: Report, op: str):
     axes[-1].legend(fontsize="small")
     fig.suptitle(f"{op}: latency vs γ per α (b={batch}{kv_note}) — {report.gpu_label}")
     return fig
+
+
+def _plot_impl_curves(axis, cells, x_key: str, view: str) -> None:
+    """One line per implementation: its median in view against the config value x_key."""
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for cell in cells:
+        series[cell.impl].append((cell.get(x_key), cell.median(view)))
+    for name, points in sorted(series.items()):
+        points.sort()
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
 
 
 def latency_vs_alpha(report: Report, op: str):
@@ -119,13 +123,7 @@ def latency_vs_alpha(report: Report, op: str):
     batches = _spread([cell.get("batch_size") for cell in cells])
     fig, axes = _panels(plt, len(batches))
     for axis, batch in zip(axes, batches, strict=True):
-        series: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        for cell in cells:
-            if cell.get("batch_size") == batch:
-                series[cell.impl].append((cell.get("alpha"), cell.median(report.primary_view)))
-        for name, points in sorted(series.items()):
-            points.sort()
-            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        _plot_impl_curves(axis, [c for c in cells if c.get("batch_size") == batch], "alpha", report.primary_view)
         axis.set(yscale="log", title=f"b = {batch}", xlabel="α (acceptance rate)")
         _plain_log_ticks(axis)
         axis.grid(True, which="both", alpha=0.3)
