@@ -6,7 +6,7 @@
 Inputs are validated here, at the edge, before any launch: shapes, dtypes, devices and contiguity, with
 messages that name the bad value and the fix. Output buffers are the caller's (`out=`, any subset) or
 allocated here; every implementation writes into them (CUDA kernels directly, through the launchers of
-sdbench.kernels.cuda_impls), so results never depend on which one ran:
+torch.ops.sdbench), so results never depend on which one ran:
 - verify:      accepted_lengths int64 [B], has_mismatch bool [B], next_tokens [B] (token dtype)
 - pack:        packed_kv [B·γ, kv_dim] (KV dtype; rows past Σ k_i are unspecified), packed_offsets int64 [B]
 - verify_pack: all five.
@@ -25,9 +25,12 @@ import functools
 
 import torch
 
-from sdbench import dispatch, reference, registry
+from sdbench import dispatch, registry
 from sdbench.errors import SdbenchError
-from sdbench.workload import KV_DTYPES, TOKEN_DTYPES, VerifyConfig, VerifyWorkload
+from sdbench.ops.pack import reference as pack_reference
+from sdbench.ops.verify import reference as verify_reference
+from sdbench.ops.verify_pack import reference as verify_pack_reference
+from sdbench.ops.workload import KV_DTYPES, TOKEN_DTYPES, VerifyConfig, VerifyWorkload
 
 TOKEN_TORCH_DTYPES = tuple(TOKEN_DTYPES.values())
 KV_TORCH_DTYPES = tuple(KV_DTYPES.values())
@@ -206,11 +209,11 @@ def _copy_into(buffers: Outputs, results: Outputs) -> None:
 
 def _run_eager(op: str, draft_tokens, target_tokens, draft_kv, accepted_lengths, buffers: Outputs) -> None:
     if op == "verify":
-        results = reference.verify(draft_tokens, target_tokens)
+        results = verify_reference.verify(draft_tokens, target_tokens)
     elif op == "pack":
-        results = reference.pack(draft_kv, accepted_lengths)
+        results = pack_reference.pack(draft_kv, accepted_lengths)
     else:
-        results = reference.verify_pack(draft_tokens, target_tokens, draft_kv)
+        results = verify_pack_reference.verify_pack(draft_tokens, target_tokens, draft_kv)
     _copy_into(buffers, results)
 
 
@@ -242,15 +245,25 @@ def _pack_naive(k, draft_kv, accepted_lengths, packed_kv, packed_offsets) -> Non
     packed_offsets.copy_(offsets)
 
 
-# CUDA implementations launched straight into the caller's buffers through sdbench.kernels.cuda_impls
-# (k below); keyword names are the input and output names of the module docstring.
+# CUDA implementations launched straight into the caller's buffers through torch.ops.sdbench (k below);
+# keyword names are the input and output names of the module docstring.
+_VERIFY_ARGS = ("draft_tokens", "target_tokens", "accepted_lengths", "has_mismatch", "next_tokens")
+_PACK_ARGS = ("draft_kv", "accepted_lengths", "packed_kv", "packed_offsets")
+_FUSED_ARGS = ("draft_tokens", "target_tokens", "draft_kv", "accepted_lengths", "has_mismatch", "next_tokens",
+               "packed_kv", "packed_offsets")
+
+
+def _positional(op_name: str, names: tuple[str, ...]):
+    return lambda k, **a: getattr(k, op_name)(*(a[name] for name in names))
+
+
 _DIRECT = {
-    ("verify", "naive"): lambda k, **a: k.verify_naive(**a),
-    ("verify", "ballot"): lambda k, **a: k.verify_ballot(**a),
-    ("pack", "pack_cuda"): lambda k, **a: k.pack(**a),
+    ("verify", "naive"): _positional("verify_naive", _VERIFY_ARGS),
+    ("verify", "ballot"): _positional("verify_ballot", _VERIFY_ARGS),
+    ("pack", "pack_cuda"): _positional("pack", _PACK_ARGS),
     ("pack", "pack_cuda_naive"): _pack_naive,
-    ("verify_pack", "fused_single_block"): lambda k, **a: k.fused_single_block(**a),
-    ("verify_pack", "fused"): lambda k, **a: k.fused(**a),
+    ("verify_pack", "fused_single_block"): _positional("fused_single_block", _FUSED_ARGS),
+    ("verify_pack", "fused"): _positional("fused", _FUSED_ARGS),
     ("verify_pack", "ballot+pack_cuda"): _ballot_pack_cuda,
     ("verify_pack", "ballot+pack_torch"): _ballot_pack_torch,
 }
@@ -260,9 +273,9 @@ def _launch_direct(entry: registry.Implementation, op: str, inputs: dict, buffer
     launch = _DIRECT.get((op, entry.name))
     if launch is None or entry.backend != "cuda":
         return False
-    from sdbench.kernels import cuda_impls
+    from sdbench.ops.backends import cuda_ops
 
-    launch(cuda_impls, **inputs, **buffers)
+    launch(cuda_ops(), **inputs, **buffers)
     return True
 
 

@@ -151,7 +151,7 @@ def doctor_command(
 
     A tiny `nsys profile` runs when nsys and a GPU are both present, or with --deep; the ncu counter test runs only with --deep. On a GPU machine the first run builds the CUDA extension (about a minute, cached).
     """
-    from sdbench import doctor
+    from sdbench.commands import doctor
 
     with err_console.status("checking this machine") as status:
         facts = doctor.gather(deep=deep, progress=lambda text: status.update(text))
@@ -170,7 +170,7 @@ def doctor_command(
 def _print_doctor(checks, facts) -> None:
     from rich.markup import escape
 
-    from sdbench import doctor
+    from sdbench.commands import doctor
 
     styles = {doctor.PASS: "green", doctor.WARN: "yellow", doctor.FAIL: "bold red"}
     table = Table(title="sdbench doctor")
@@ -319,7 +319,7 @@ def sweep_command(
 
     from rich import progress
 
-    from sdbench import sweep
+    from sdbench.commands import sweep
 
     shard_index, shard_count = sweep.parse_shard(shard) if shard is not None else (None, None)
     spec = sweep.build_spec(
@@ -408,8 +408,8 @@ def profile_command(
 
     GPU time comes from nsys or torch.profiler (CUPTI); ncu adds warp efficiency, branch uniformity, achieved occupancy and DRAM throughput per kernel. Writes <out>/profile-<run id>/. See docs/profiling.md.
     """
-    from sdbench import profile
-    from sdbench.workload import VerifyConfig
+    from sdbench.commands import profile
+    from sdbench.ops.workload import VerifyConfig
 
     config = VerifyConfig(
         batch_size=_one_number(b, "--b", parse_int_list, minimum=1),
@@ -434,7 +434,7 @@ def _us(value: float | None) -> str:
 def _print_profile(report) -> None:
     from rich.markup import escape
 
-    from sdbench import profile
+    from sdbench.commands import profile
 
     cfg, choice = report.request.config, report.choice
     counters_from = " + ncu counters" if choice.counters and choice.timing != "ncu" else ""
@@ -500,7 +500,7 @@ def report_command(
     """Tables (and with --out, plots and HTML) from sweep results; --compare A B hunts regressions."""
     from pathlib import Path
 
-    from sdbench import report
+    from sdbench.commands import report
 
     wheres = [report.parse_where(text) for text in where or []]
     if compare:
@@ -519,7 +519,7 @@ def report_command(
 def _report_compare(results: list[str], wheres, threshold: float, seed: int, out: str | None, max_rows: int) -> None:
     from pathlib import Path
 
-    from sdbench import compare
+    from sdbench.commands.report import compare
 
     if len(results) != 2:
         raise SdbenchError(f"--compare takes exactly two results (A B), got {len(results)}")
@@ -548,8 +548,8 @@ def calibrate_tau_command(
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
 ) -> None:
     """Find τ (accepted KV bytes) where the small-work implementation stops winning; write the GPU's profile."""
-    from sdbench import tau
-    from sdbench.profiles import format_bytes
+    from sdbench.commands import calibrate_tau as tau
+    from sdbench.thresholds import format_bytes
 
     if view not in ("wall", "graph", "gpu", "cpu"):
         raise SdbenchError(f"--view must be wall, graph, gpu or cpu, got {view!r}")

@@ -1,6 +1,6 @@
 """The runtime dispatcher behind `verify_pack(..., impl="auto")`: fused or two-step, by workload size.
 
-Rule (from the profile matching the current GPU, see sdbench.profiles):
+Rule (from the profile matching the current GPU, see sdbench.thresholds):
     accepted KV bytes  B · E[k] · kv_dim · elem_size  <  τ   ->  the profile's small-work impl
                                                       else  ->  its large-work impl
 E[k] = expected_alpha · γ comes from the caller (or the previous step's mean): the decision reads
@@ -18,8 +18,8 @@ import math
 import warnings
 from dataclasses import dataclass
 
-from sdbench import profiles
-from sdbench.profiles import Profile, format_bytes
+from sdbench import thresholds as profiles
+from sdbench.thresholds import Profile, format_bytes
 
 DEFAULT_PROFILE = Profile(
     gpu_name="NVIDIA L40S", gpu_cc="8.9", tau_bytes=5e6,
@@ -49,7 +49,7 @@ def _shape_reason(impl_name: str, batch_size: int, gamma: int, kv_dim: int, kv_d
     """Why the registered implementation cannot take this shape; None when it can or is not registered
     here (whether it can run on this device is `choose`'s question)."""
     from sdbench import registry
-    from sdbench.workload import VerifyConfig
+    from sdbench.ops.workload import VerifyConfig
 
     for impl in registry.implementations("verify_pack"):
         if impl.name == impl_name:
@@ -161,7 +161,7 @@ def explain(batch_size: int, gamma: int, alpha: float, kv_dim: int, kv_dtype: st
     """
     import torch
 
-    from sdbench.workload import KV_DTYPES, VerifyConfig, expected_accepted_length
+    from sdbench.ops.workload import KV_DTYPES, VerifyConfig, expected_accepted_length
 
     config = VerifyConfig(batch_size=batch_size, gamma=gamma, alpha=alpha, kv_dim=kv_dim, kv_dtype=kv_dtype, dist=dist)
     expected_k = expected_accepted_length(config)

@@ -13,9 +13,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sdbench import reference
+from sdbench.ops import make_workload
+from sdbench.ops.pack import reference as pack_reference
+from sdbench.ops.prob_verify import reference
+from sdbench.ops.verify import reference as verify_reference
+from sdbench.ops.verify_pack import reference as verify_pack_reference
+from sdbench.ops.workload import VerifyConfig, VerifyWorkload
 from sdbench.registry import Implementation, Outputs
-from sdbench.workload import VerifyConfig, VerifyWorkload, make_workload
 
 # Values no correct kernel writes: negative lengths, a token outside any vocabulary, NaN-free KV
 # garbage with a recognisable bit pattern.
@@ -54,11 +58,11 @@ def expected_outputs(op: str, workload: VerifyWorkload) -> Outputs:
         atol = reference.PROB_FLOAT_ATOL[w.config.prob_dtype]
         return reference.ToleratedOutputs(outputs, {name: atol for name in reference.PROB_FLOAT_INTERMEDIATES})
     if op == "verify":
-        return reference.verify(w.draft_tokens, w.target_tokens)
+        return verify_reference.verify(w.draft_tokens, w.target_tokens)
     if op == "pack":
-        return reference.pack(w.draft_kv, w.accepted_lengths)
+        return pack_reference.pack(w.draft_kv, w.accepted_lengths)
     if op == "verify_pack":
-        return reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv)
+        return verify_pack_reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv)
     raise ValueError(f"no greedy reference for operation {op!r}")
 
 

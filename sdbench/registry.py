@@ -1,7 +1,8 @@
 """The one registry of every implementation sdbench can run, keyed by (operation, name).
 
-Adding a kernel means adding one `register(Implementation(...))` call in its module under
-`sdbench/kernels/`; `list`, `parity`, `sweep` and `profile` all see it from here.
+Adding a kernel means adding one `register(Implementation(...))` call in a `*_impls.py` module of its
+operation's folder under `sdbench/ops/`; every such module is imported on first use, so `list`,
+`parity`, `sweep`, `profile` and the API all see it from here.
 
 `prepare(workload)` does every allocation up front and returns a zero-argument callable that runs
 the implementation once and returns its outputs as a dict (names in sdbench.reference), so timing
@@ -11,24 +12,30 @@ never includes allocation (except where allocation is the method, e.g. `draft_kv
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from sdbench.errors import SdbenchError, closest
-from sdbench.workload import VerifyConfig, VerifyWorkload
+from sdbench.ops import OPERATIONS
+from sdbench.ops.workload import VerifyConfig, VerifyWorkload
 
-OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify")
 BACKENDS = ("torch", "cuda", "triton")
+BACKEND_MODULE_ORDER = ("torch_impls", "cuda_impls", "triton_impls")  # then any other *_impls, by name
 
-# Modules whose import registers implementations. Each module registers its own entries.
-IMPLEMENTATION_MODULES = (
-    "sdbench.kernels.torch_impls",
-    "sdbench.kernels.cuda_impls",
-    "sdbench.kernels.triton_impls",
-    "sdbench.kernels.prob_impls",
-)
+
+def implementation_modules() -> list[str]:
+    """Every module under sdbench/ops/<op>/ whose name ends in `_impls`: op by op, backends in order."""
+    modules = []
+    for op in OPERATIONS:
+        package = importlib.import_module(f"sdbench.ops.{op}")
+        names = [info.name for info in pkgutil.iter_modules(package.__path__) if info.name.endswith("_impls")]
+        names.sort(key=lambda name: (BACKEND_MODULE_ORDER.index(name) if name in BACKEND_MODULE_ORDER
+                                     else len(BACKEND_MODULE_ORDER), name))
+        modules.extend(f"sdbench.ops.{op}.{name}" for name in names)
+    return modules
 
 Outputs = dict[str, torch.Tensor]
 PreparedRun = Callable[[], Outputs]
@@ -107,12 +114,8 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    for module in IMPLEMENTATION_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:  # a module that exists but fails to import is a bug: say so
-                raise
+    for module in implementation_modules():
+        importlib.import_module(module)  # a module that fails to import is a bug: let it say so
 
 
 def implementations(op: str | None = None) -> list[Implementation]:

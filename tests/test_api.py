@@ -7,9 +7,12 @@ import pytest
 import torch
 
 import sdbench
-from sdbench import api, reference, registry
+from sdbench import api, registry
 from sdbench.errors import SdbenchError
-from sdbench.workload import VerifyConfig, make_verify_workload
+from sdbench.ops.pack import reference as pack_reference
+from sdbench.ops.verify import reference as verify_reference
+from sdbench.ops.verify_pack import reference as verify_pack_reference
+from sdbench.ops.workload import VerifyConfig, make_verify_workload
 
 
 @pytest.fixture
@@ -32,7 +35,7 @@ def test_exports():
 
 def test_verify_on_cpu_falls_back_to_the_reference(workload):
     out = sdbench.verify(workload.draft_tokens, workload.target_tokens)  # default impl: ballot (CUDA only)
-    expected = reference.verify(workload.draft_tokens, workload.target_tokens)
+    expected = verify_reference.verify(workload.draft_tokens, workload.target_tokens)
     for name, tensor in expected.items():
         assert torch.equal(out[name], tensor), name
     assert out["next_tokens"].dtype == torch.int32
@@ -40,14 +43,14 @@ def test_verify_on_cpu_falls_back_to_the_reference(workload):
 
 def test_pack_on_cpu(workload):
     out = sdbench.pack(workload.draft_kv, workload.accepted_lengths)
-    _packed_equal(out, reference.pack(workload.draft_kv, workload.accepted_lengths))
+    _packed_equal(out, pack_reference.pack(workload.draft_kv, workload.accepted_lengths))
 
 
 @pytest.mark.parametrize("impl", ["auto", "torch_eager", "fused", "ballot+pack_cuda"])
 def test_verify_pack_on_cpu(workload, impl):
     out = sdbench.verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv, impl=impl,
                               expected_alpha=0.6 if impl == "auto" else None)
-    expected = reference.verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv)
+    expected = verify_pack_reference.verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv)
     assert torch.equal(out["accepted_lengths"], workload.accepted_lengths)
     assert torch.equal(out["next_tokens"], expected["next_tokens"])
     _packed_equal(out, expected)
@@ -61,28 +64,28 @@ def test_caller_buffers_are_written_and_missing_ones_allocated(workload):
 
 
 def test_direct_cuda_launchers_are_wired_by_name(workload, monkeypatch):
-    """The keyword plumbing into cuda_impls' launchers, checked with a fake module of CPU launchers."""
+    """The keyword plumbing into the CUDA ops' positional arguments, checked with a fake op namespace."""
     def verify_ballot(draft_tokens, target_tokens, accepted_lengths, has_mismatch, next_tokens):
-        result = reference.verify(draft_tokens, target_tokens)
+        result = verify_reference.verify(draft_tokens, target_tokens)
         accepted_lengths.copy_(result["accepted_lengths"])
         has_mismatch.copy_(result["has_mismatch"])
         next_tokens.copy_(result["next_tokens"])
 
     def pack(draft_kv, accepted_lengths, packed_kv, packed_offsets):
-        result = reference.pack(draft_kv, accepted_lengths)
+        result = pack_reference.pack(draft_kv, accepted_lengths)
         packed_kv[: result["packed_kv"].shape[0]].copy_(result["packed_kv"])
         packed_offsets.copy_(result["packed_offsets"])
 
     fake = types.SimpleNamespace(verify_ballot=verify_ballot, pack=pack)
-    import sdbench.kernels
+    from sdbench.ops import backends
 
-    monkeypatch.setattr(sdbench.kernels, "cuda_impls", fake, raising=False)
+    monkeypatch.setattr(backends, "cuda_ops", lambda: fake)
     entry = registry.get("verify_pack", "ballot+pack_cuda")
     specs = api._output_specs(5, 9, torch.int32, 12, torch.bfloat16, api.VERIFY_OUTPUTS + api.PACK_OUTPUTS)
     buffers = api._outputs(None, specs, torch.device("cpu"))
     out = api._run("verify_pack", entry, draft_tokens=workload.draft_tokens, target_tokens=workload.target_tokens,
                    draft_kv=workload.draft_kv, buffers=buffers)
-    _packed_equal(out, reference.verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv))
+    _packed_equal(out, verify_pack_reference.verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv))
     assert torch.equal(out["accepted_lengths"], workload.accepted_lengths)
 
 

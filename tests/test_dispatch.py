@@ -7,9 +7,10 @@ import warnings
 import pytest
 from typer.testing import CliRunner
 
-from sdbench import dispatch, profiles
+from sdbench import dispatch
+from sdbench import thresholds as profiles
 from sdbench.cli import app
-from sdbench.profiles import Profile
+from sdbench.thresholds import Profile
 
 runner = CliRunner()
 H100 = "NVIDIA H100 80GB HBM3"

@@ -98,7 +98,7 @@ def test_registry_flags_describe_the_kernels():
     impls = {(i.op, i.name): i for i in registry.implementations() if i.backend == "cuda"}
     assert impls[("pack", "pack_cuda_naive")].sync and impls[("verify_pack", "ballot+pack_torch")].sync
     assert not impls[("pack", "pack_cuda")].sync and not impls[("verify_pack", "fused")].sync
-    from sdbench.workload import VerifyConfig
+    from sdbench.ops.workload import VerifyConfig
     single = impls[("verify_pack", "fused_single_block")]
     assert single.supports(VerifyConfig(33, 8, kv_dim=8)) is not None
     assert single.supports(VerifyConfig(32, 8, kv_dim=8)) is None

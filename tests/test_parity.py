@@ -3,8 +3,8 @@
 import torch
 
 from sdbench import parity, registry
+from sdbench.ops.workload import VerifyConfig, make_verify_workload
 from sdbench.registry import BufferedRun, Implementation
-from sdbench.workload import VerifyConfig, make_verify_workload
 
 
 def test_torch_implementations_pass_quick_grid():

@@ -5,7 +5,7 @@ import torch
 
 from sdbench import registry
 from sdbench.errors import SdbenchError
-from sdbench.workload import VerifyConfig
+from sdbench.ops.workload import VerifyConfig
 
 
 def test_every_greedy_operation_has_a_torch_eager_peer():

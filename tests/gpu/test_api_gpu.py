@@ -10,10 +10,14 @@ import pytest
 import torch
 
 import sdbench
-from sdbench import api, dispatch, profiles, reference
+from sdbench import api, dispatch
+from sdbench import thresholds as profiles
 from sdbench.errors import SdbenchError
-from sdbench.profiles import Profile
-from sdbench.workload import VerifyConfig, make_verify_workload
+from sdbench.ops.pack import reference as pack_reference
+from sdbench.ops.verify import reference as verify_reference
+from sdbench.ops.verify_pack import reference as verify_pack_reference
+from sdbench.ops.workload import VerifyConfig, make_verify_workload
+from sdbench.thresholds import Profile
 
 SHAPES = [(1, 8, 128), (4, 33, 120), (32, 128, 2048), (33, 64, 512), (256, 8, 128)]
 
@@ -48,7 +52,7 @@ def sync_debug_error():
 def test_verify(impl, batch, gamma, kv_dim, token_dtype):
     w = _workload(batch, gamma, kv_dim, token_dtype=token_dtype)
     out = sdbench.verify(w.draft_tokens, w.target_tokens, impl=impl)
-    _assert_matches(out, reference.verify(w.draft_tokens, w.target_tokens))
+    _assert_matches(out, verify_reference.verify(w.draft_tokens, w.target_tokens))
 
 
 @pytest.mark.parametrize("impl", ["pack_cuda", "pack_cuda_naive", "torch_eager"])
@@ -58,14 +62,14 @@ def test_pack(impl, batch, gamma, kv_dim, kv_dtype):
     w = _workload(batch, gamma, kv_dim, kv_dtype=kv_dtype)
     out = sdbench.pack(w.draft_kv, w.accepted_lengths, impl=impl)
     assert out["packed_kv"].shape == (batch * gamma, kv_dim)
-    _assert_matches(out, reference.pack(w.draft_kv, w.accepted_lengths))
+    _assert_matches(out, pack_reference.pack(w.draft_kv, w.accepted_lengths))
 
 
 @pytest.mark.parametrize("impl", ["fused_single_block", "fused", "ballot+pack_torch", "ballot+pack_cuda", "auto"])
 @pytest.mark.parametrize("batch, gamma, kv_dim", SHAPES)
 def test_verify_pack(impl, batch, gamma, kv_dim):
     w = _workload(batch, gamma, kv_dim)
-    expected = reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv)
+    expected = verify_pack_reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv)
     if impl == "fused_single_block" and batch > 32:
         with pytest.raises(SdbenchError, match="needs B <= 32"):
             sdbench.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv, impl=impl)
@@ -80,7 +84,7 @@ def test_caller_buffers_are_the_outputs():
            "accepted_lengths": torch.empty(32, dtype=torch.int64, device="cuda")}
     result = sdbench.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv, impl="fused", out=out)
     assert result["packed_kv"] is out["packed_kv"] and result["accepted_lengths"] is out["accepted_lengths"]
-    _assert_matches(result, reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv))
+    _assert_matches(result, verify_pack_reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv))
 
 
 def test_device_mismatch_is_a_clear_error():
@@ -118,7 +122,7 @@ def test_auto_adds_no_host_sync(sync_free_profile, batch, gamma, kv_dim, side):
         out = sdbench.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv, expected_alpha=0.7, out=buffers)
         # expected_alpha=None: the previous step's mean, tracked with an async copy and an event query
         sdbench.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv, out=buffers)
-    _assert_matches(out, reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv))
+    _assert_matches(out, verify_pack_reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv))
 
 
 def test_previous_step_mean_becomes_the_expected_alpha(sync_free_profile):

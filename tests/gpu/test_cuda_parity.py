@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from sdbench import ext, parity, registry
-from sdbench.workload import VerifyConfig, make_workload
+from sdbench.ops import make_workload
+from sdbench.ops.workload import VerifyConfig
 
 CUDA_IMPLS = {
     "verify": ("naive", "ballot"),
@@ -106,20 +107,23 @@ def test_fused_single_block_refuses_more_than_32_sequences():
     cfg = VerifyConfig(33, 8, 0.5, kv_dim=8)
     assert registry.get("verify_pack", "fused_single_block").supports(cfg) is not None
     w = make_workload("verify_pack", cfg, "cuda")
-    from sdbench.kernels import cuda_impls
+    from sdbench.ops.backends import cuda_ops
+    from sdbench.ops.pack.cuda_impls import pack_outputs
+    from sdbench.ops.verify.cuda_impls import verify_outputs
 
-    buffers = {**cuda_impls.verify_outputs(w), **cuda_impls.pack_outputs(w)}
+    buffers = {**verify_outputs(w), **pack_outputs(w)}
     with pytest.raises(RuntimeError, match="B <= 32"):
-        cuda_impls.fused_single_block(w.draft_tokens, w.target_tokens, w.draft_kv, *buffers.values())
+        cuda_ops().fused_single_block(w.draft_tokens, w.target_tokens, w.draft_kv, *buffers.values())
 
 
 def test_bad_output_shape_is_a_clear_error():
-    from sdbench.kernels import cuda_impls
+    from sdbench.ops.backends import cuda_ops
+    from sdbench.ops.verify.cuda_impls import verify_outputs
 
     w = make_workload("verify", VerifyConfig(4, 8, 0.5), "cuda")
-    out = cuda_impls.verify_outputs(w)
+    out = verify_outputs(w)
     with pytest.raises(RuntimeError, match="accepted_lengths must have shape"):
-        cuda_impls.verify_ballot(w.draft_tokens, w.target_tokens, out["accepted_lengths"][:2], out["has_mismatch"],
+        cuda_ops().verify_ballot(w.draft_tokens, w.target_tokens, out["accepted_lengths"][:2], out["has_mismatch"],
                                  out["next_tokens"])
 
 
@@ -197,7 +201,8 @@ def test_graph_replay_on_fresh_inputs(case):
 SANITIZER_SCRIPT = """
 import sys
 from sdbench import parity, registry
-from sdbench.workload import VerifyConfig, make_workload
+from sdbench.ops import make_workload
+from sdbench.ops.workload import VerifyConfig
 cases = [
     ("verify", "naive", VerifyConfig(5, 33, 0.6)),
     ("verify", "ballot", VerifyConfig(5, 33, 0.6, token_dtype="int32")),

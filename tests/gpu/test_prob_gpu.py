@@ -3,7 +3,7 @@ graph-capturable, fast randomness is deterministic, and the kernels are exact in
 
 Parity contract: tokens and lengths bit for bit against sdbench.reference.prob_verify on the same
 supplied randomness; accept_probs within 1e-5 (float32 inputs) / 1e-3 (bfloat16 inputs).
-χ² method and significance (p-value > 1e-3 passes): see tests/test_prob_exactness.py.
+χ² method and significance (p-value > 1e-3 passes): see tests/ops/prob_verify/test_prob_exactness.py.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from sdbench import parity, reference, registry
-from sdbench.workload import VerifyConfig, make_prob_workload, prob_workload_from_distributions
+from sdbench import parity, registry
+from sdbench.ops.prob_verify import reference
+from sdbench.ops.prob_verify.workload import make_prob_workload, prob_workload_from_distributions
+from sdbench.ops.workload import VerifyConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the χ² helpers live with the CPU exactness test
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops" / "prob_verify"))  # the χ² helpers live with the CPU exactness test
 from test_prob_exactness import (  # noqa: E402
     SIGNIFICANCE,
     exactness_pvalues,
@@ -78,7 +80,7 @@ def test_flashinfer_chain_refuses_supplied_randomness_or_is_unavailable():
 
 
 def test_fused_plan_fills_the_machine_at_batch_32():
-    from sdbench.kernels import prob_triton
+    from sdbench.ops.prob_verify import triton_kernels as prob_triton
 
     plan = prob_triton.default_fused_plan(32, 32000, torch.device(DEVICE))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -87,7 +89,7 @@ def test_fused_plan_fills_the_machine_at_batch_32():
 
 def test_fused_spreads_one_sequence_over_the_machine():
     """b=1: the row is split over about one program per SM (latency), not a handful."""
-    from sdbench.kernels import prob_triton
+    from sdbench.ops.prob_verify import triton_kernels as prob_triton
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for vocab in (32000, 128256):
@@ -96,7 +98,7 @@ def test_fused_spreads_one_sequence_over_the_machine():
 
 
 def _fused_with_plan(workload, plan):
-    from sdbench.kernels import prob_triton
+    from sdbench.ops.prob_verify import triton_kernels as prob_triton
 
     batch, gamma = workload.draft_tokens.shape
     outputs = {
@@ -120,7 +122,7 @@ def _fused_with_plan(workload, plan):
 def test_fused_tokens_do_not_depend_on_the_plan(randomness):
     """Every chunk size and warp count gives the same tokens: the reference's in supplied mode, and
     flashspec's in fast mode (the Philox stream is keyed by column, not by tile)."""
-    from sdbench.kernels import prob_triton
+    from sdbench.ops.prob_verify import triton_kernels as prob_triton
 
     vocab = 32000
     workload = make_prob_workload(VerifyConfig(32, 8, 0.6, vocab_size=vocab, seed=21), DEVICE)
@@ -143,7 +145,7 @@ def test_fused_launches_directly_and_honours_launch_hooks():
     still called (the launch then goes through Triton's own path), and the tokens never change."""
     from triton import knobs
 
-    from sdbench.kernels import prob_triton
+    from sdbench.ops.prob_verify import triton_kernels as prob_triton
 
     workload = make_prob_workload(VerifyConfig(8, 4, 0.6, vocab_size=32000, seed=22), DEVICE)
     run = registry.get("prob_verify", "fused").prepare(workload)  # warms up, which binds
@@ -180,7 +182,7 @@ def test_fused_fallback_race_spans_programs():
     q[:, 0, torch.tensor([0, 1, 2100, 4200])] = torch.tensor([0.3, 0.5, 0.5, 0.5])
     workload = prob_workload_from_distributions(p.to(DEVICE), q.to(DEVICE), VerifyConfig(batch, 1, vocab_size=vocab, seed=23))
     assert bool((workload.draft_tokens == 0).any())
-    from sdbench.kernels import prob_triton
+    from sdbench.ops.prob_verify import triton_kernels as prob_triton
 
     assert prob_triton.default_fused_plan(batch, vocab, torch.device(DEVICE)).splits >= 3
     for name in ("fused", "flashspec", "serial_sampler"):
@@ -275,7 +277,7 @@ def test_kernels_are_exact_in_distribution(rounds, name, randomness):
 @pytest.mark.parametrize("randomness", ["supplied", "fast"])
 def test_fused_split_sweep_is_exact_in_distribution(randomness):
     """Support spread over 3 vocabulary tiles, one program per tile: the atomic combine decides."""
-    from sdbench.kernels import prob_triton
+    from sdbench.ops.prob_verify import triton_kernels as prob_triton
 
     vocab, rounds_count, support = 4500, 100_000, torch.arange(16) * 281
     p_small, q_small = fixed_distributions(vocab=16, gamma=1, seed=5)

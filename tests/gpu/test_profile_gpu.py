@@ -7,10 +7,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from sdbench import profile, registry
+from sdbench import registry
 from sdbench.cli import app
-from sdbench.profile import ProfileRequest, ToolFailed
-from sdbench.workload import VerifyConfig
+from sdbench.commands import profile
+from sdbench.commands.profile import ProfileRequest, ToolFailed
+from sdbench.ops.workload import VerifyConfig
 
 SMALL = VerifyConfig(batch_size=32, gamma=128, alpha=0.9)
 FAST = {"warmup": 3, "iters": 30, "profiled_iters": 5}

@@ -9,8 +9,10 @@ import sys
 import pytest
 import torch
 
-from sdbench import parity, registry, results, timing
-from sdbench.workload import VerifyConfig, make_verify_workload
+from sdbench import parity, registry
+from sdbench.measure import results, timing
+from sdbench.ops.launch_floor import launch_floor
+from sdbench.ops.workload import VerifyConfig, make_verify_workload
 
 DEVICE = "cuda"
 SHORT = timing.TimingOptions(warmup=3, iters=20, gpu_iters=10)
@@ -56,7 +58,7 @@ def test_gpu_view_of_a_copy_is_nonzero_and_below_wall():
 
 
 def test_launch_floor_is_measured_three_ways():
-    floor = timing.launch_floor(DEVICE)
+    floor = launch_floor(DEVICE)
     assert floor.run is not None, floor.reason
     measured = timing.measure({timing.LAUNCH_FLOOR: floor.run}, DEVICE, SHORT)[timing.LAUNCH_FLOOR]
     for view in ("wall", "graph", "gpu"):

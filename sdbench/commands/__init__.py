@@ -1,0 +1,1 @@
+"""One module (or package) per CLI command's logic; sdbench.cli parses options and renders."""

@@ -1,0 +1,120 @@
+"""`sdbench report --compare A B`: per-config ratio B / A of medians, with bootstrap confidence intervals.
+
+Configs are matched on everything that defines the work plus implementation and view (not the GPU or
+the run), so A and B may be two builds on one GPU or one build on two GPUs. The interval resamples
+each side's `samples_us` (seeded) and takes the ratio of the resampled medians. A change is flagged
+only when it is both real (the interval excludes 1) and large enough to matter (|ratio − 1| > threshold);
+a large but noisy change, or a tiny but significant one, is reported as no change, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sdbench.commands.report import ReportTable, Where, apply_where, format_us, require_polars, scan
+from sdbench.errors import SdbenchError
+
+MATCH_KEYS = ("op", "batch_size", "gamma", "alpha", "kv_dim", "dist", "token_dtype", "kv_dtype", "vocab_size",
+              "cold_l2", "impl", "view")
+
+
+@dataclass
+class Comparison:
+    key: tuple  # values of MATCH_KEYS
+    a_us: float
+    b_us: float
+    low: float  # confidence interval on the ratio b / a
+    high: float
+    verdict: str  # "slower", "faster", "no change"
+    why: str
+
+    @property
+    def ratio(self) -> float:
+        return self.b_us / self.a_us
+
+    def get(self, name: str):
+        return self.key[MATCH_KEYS.index(name)]
+
+
+def load_samples(paths: list[str | Path], wheres: list[Where]) -> dict[tuple, np.ndarray]:
+    """Pooled samples of every timed (config, impl, view); the stored median stands in where none were kept."""
+    pl = require_polars()
+    frame = apply_where(scan(paths), wheres)
+    frame = frame.filter((pl.col("status") == "ok") & (pl.col("impl") != "launch_floor") & pl.col("median_us").is_not_null())
+    table = frame.select(*MATCH_KEYS, "samples_us", "median_us").collect()
+    pooled: dict[tuple, list[np.ndarray]] = {}
+    for row in table.iter_rows(named=True):
+        samples = np.asarray(row["samples_us"] or [row["median_us"]], dtype=float)
+        pooled.setdefault(tuple(row[key] for key in MATCH_KEYS), []).append(samples)
+    return {key: np.concatenate(parts) for key, parts in pooled.items()}
+
+
+def bootstrap_ratio(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_boot: int,
+                    confidence: float) -> tuple[float, float]:
+    """Percentile interval of median(b*) / median(a*) over bootstrap resamples."""
+    a_medians = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
+    b_medians = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
+    ratios = b_medians / a_medians
+    tail = (1.0 - confidence) / 2 * 100
+    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
+
+
+def judge(ratio: float, low: float, high: float, threshold: float) -> tuple[str, str]:
+    real = low > 1.0 or high < 1.0
+    large = abs(ratio - 1.0) > threshold
+    if real and large:
+        return ("slower", "B slower beyond noise") if ratio > 1 else ("faster", "B faster beyond noise")
+    if large:
+        return "no change", "large but within noise (interval includes 1)"
+    if real:
+        return "no change", f"significant but under the {threshold:.0%} threshold"
+    return "no change", "within noise"
+
+
+def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[Where] | None = None, *,
+            threshold: float = 0.05, n_boot: int = 1000, confidence: float = 0.95,
+            seed: int = 0) -> tuple[list[Comparison], list[str]]:
+    """(one Comparison per config measured in both, notes on what did not match)."""
+    a = load_samples(a_paths, wheres or [])
+    b = load_samples(b_paths, wheres or [])
+    shared = sorted(set(a) & set(b), key=lambda key: tuple(str(value) for value in key))
+    if not shared:
+        raise SdbenchError("A and B share no timed (config, impl, view): nothing to compare "
+                           "(check that both ran the same preset, or narrow both with --where)")
+    rng = np.random.default_rng(seed)
+    results = []
+    for key in shared:
+        a_us, b_us = float(np.median(a[key])), float(np.median(b[key]))
+        low, high = bootstrap_ratio(a[key], b[key], rng, n_boot, confidence)
+        verdict, why = judge(b_us / a_us, low, high, threshold)
+        results.append(Comparison(key, a_us, b_us, low, high, verdict, why))
+    notes = []
+    if len(a) > len(shared):
+        notes.append(f"{len(a) - len(shared)} (config, impl, view) only in A")
+    if len(b) > len(shared):
+        notes.append(f"{len(b) - len(shared)} (config, impl, view) only in B")
+    return results, notes
+
+
+def compare_table(results: list[Comparison], notes: list[str], a_label: str, b_label: str,
+                  threshold: float, confidence: float = 0.95) -> ReportTable:
+    order = {"slower": 0, "faster": 1, "no change": 2}
+    ranked = sorted(results, key=lambda r: (order[r.verdict], -abs(np.log(r.ratio))))
+    counts = {verdict: sum(r.verdict == verdict for r in results) for verdict in order}
+    table = ReportTable(
+        f"B / A per config: A = {a_label}, B = {b_label} ({counts['slower']} slower, {counts['faster']} faster, "
+        f"{counts['no change']} unchanged of {len(results)}; flagged when the {confidence:.0%} bootstrap interval "
+        f"excludes 1 and |B/A − 1| > {threshold:.0%})",
+        ["op", "config", "impl", "view", "A µs", "B µs", "B / A", f"{confidence:.0%} interval", "verdict"],
+    )
+    for r in ranked:
+        config = f"b={r.get('batch_size')} γ={r.get('gamma')} α={r.get('alpha'):g}" + (
+            f" kv={r.get('kv_dim')}" if r.get("kv_dim") else "")
+        verdict = r.verdict if r.verdict != "no change" else f"no change ({r.why})"
+        table.rows.append([r.get("op"), config, r.get("impl"), r.get("view"), format_us(r.a_us), format_us(r.b_us),
+                           f"{r.ratio:.3f}", f"{r.low:.3f}–{r.high:.3f}", verdict])
+    table.notes.extend(notes)
+    return table

@@ -1,0 +1,488 @@
+"""`sdbench sweep`: every config of a grid, parity-checked, timed interleaved, one parquet part each.
+
+    spec = build_spec("quick", device="cuda", out_dir=Path("results/quick"))
+    summary = run_sweep(spec)
+
+Per config: build the workload once; for every implementation check parity (a failure is a `failed`
+row and is not timed; one that cannot run here is an `unavailable` row with the reason); time the rest
+round-robin together with the launch floor in every view; write the rows as one part file. Inputs are
+seeded by the config alone (never by its position in the grid), so `--shard` and `--resume` measure
+exactly what a single full run would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sdbench import parity, registry
+from sdbench.errors import SdbenchError, closest
+from sdbench.measure import environment as envinfo
+from sdbench.measure import results, timing
+from sdbench.ops import make_workload
+from sdbench.ops.launch_floor import LaunchFloor, launch_floor
+from sdbench.ops.workload import DEFAULT_VOCAB_SIZE, KV_DTYPES, VerifyConfig
+from sdbench.registry import Implementation
+
+SWEEP_DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace")
+KV_OPS = ("pack", "verify_pack")
+DEFAULT_KV_DIMS = (128, 512, 1024, 2048)
+
+# The published sweeps. Options given explicitly override a preset's values.
+PRESETS: dict[str, dict[str, Any]] = {
+    "main": {"op": "verify", "batch_sizes": (1, 4, 16, 32), "gammas": (8, 64, 128), "alphas": (0.3, 0.6, 0.9)},
+    "gamma-sensitivity": {"op": "verify", "batch_sizes": (32,), "gammas": (4, 8, 16, 32, 64, 128), "alphas": (0.3, 0.9)},
+    "fused": {
+        "op": "verify_pack", "batch_sizes": (4, 32), "gammas": (8, 128), "alphas": (0.3, 0.9),
+        "kv_dims": DEFAULT_KV_DIMS,
+    },
+    "quick": {"op": "verify", "batch_sizes": (1, 32), "gammas": (8, 128), "alphas": (0.3, 0.9)},
+    "scale": {
+        "op": "verify", "batch_sizes": (1, 32, 256, 1024, 4096), "gammas": (8, 128, 256, 1024), "alphas": (0.3, 0.9),
+    },
+}
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """Everything one `sdbench sweep` invocation measures. Defaults: the published main grid."""
+
+    op: str = "verify"
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 32)
+    gammas: tuple[int, ...] = (8, 64, 128)
+    alphas: tuple[float, ...] = (0.3, 0.6, 0.9)
+    kv_dims: tuple[int, ...] = ()  # () = the op's default: none for verify / prob_verify, DEFAULT_KV_DIMS for KV ops
+    vocab_sizes: tuple[int, ...] = (DEFAULT_VOCAB_SIZE,)
+    token_dtypes: tuple[str, ...] = ("int64",)
+    kv_dtypes: tuple[str, ...] = ("float16",)  # KV ops
+    prob_dtypes: tuple[str, ...] = ("float32",)  # prob_verify
+    impls: tuple[str, ...] = ()  # () = every registered implementation of op
+    dist: str = "binomial"
+    fixed_length: int | None = None  # dist "fixed": every k_i
+    trace_path: str | None = None  # dist "trace": a file of observed accepted lengths
+    device: str = "cuda"
+    warmup: int = 20
+    iters: int = 200
+    gpu_iters: int = 50  # iterations profiled for the gpu view
+    cold_l2: bool = False
+    shard_index: int = 0
+    shard_count: int = 1
+    resume: bool = False
+    out_dir: Path = Path("results")
+    run_id: str | None = None  # None: a fresh id per invocation
+    seed: int = 0
+
+
+def build_spec(preset: str | None = None, **options: Any) -> SweepSpec:
+    """A spec from a preset (or the defaults), with every option that is not None applied on top."""
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise SdbenchError(
+                f"unknown preset {preset!r}{closest(preset, list(PRESETS))}; choose one of {', '.join(PRESETS)}"
+            )
+        values.update(PRESETS[preset])
+    for name, value in options.items():
+        if value is None:
+            continue
+        values[name] = tuple(value) if isinstance(value, list) else value
+    fields = {f.name for f in dataclasses.fields(SweepSpec)}
+    unknown = set(values) - fields
+    if unknown:
+        raise TypeError(f"unknown sweep options {sorted(unknown)}")
+    return SweepSpec(**values)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'i/n' -> (i, n) with 0 <= i < n."""
+    head, slash, tail = text.partition("/")
+    try:
+        index, count = int(head), int(tail)
+    except ValueError:
+        raise SdbenchError(f"--shard: {text!r} is not i/n (e.g. 0/4 for the first of four shards)") from None
+    if not slash or count < 1 or not 0 <= index < count:
+        raise SdbenchError(f"--shard: {text!r} needs 0 <= i < n (shards are numbered from 0, e.g. 0/4 ... 3/4)")
+    return index, count
+
+
+# --- the grid ----------------------------------------------------------------------------------
+def _unique(values) -> tuple:
+    return tuple(dict.fromkeys(values))
+
+
+def kv_dims_of(spec: SweepSpec) -> tuple[int, ...]:
+    if spec.kv_dims:
+        return _unique(spec.kv_dims)
+    return DEFAULT_KV_DIMS if spec.op in KV_OPS else (0,)
+
+
+def validate(spec: SweepSpec) -> None:
+    """Raise SdbenchError naming the bad value and the fix (configs validate B, γ, α themselves)."""
+    if spec.op not in registry.OPERATIONS:
+        raise SdbenchError(
+            f"unknown operation {spec.op!r}{closest(spec.op, list(registry.OPERATIONS))}; "
+            f"choose one of {', '.join(registry.OPERATIONS)}"
+        )
+    if spec.dist not in SWEEP_DISTRIBUTIONS:
+        raise SdbenchError(f"--dist: {spec.dist!r} is not one of {', '.join(SWEEP_DISTRIBUTIONS)}")
+    if spec.dist == "fixed" and spec.fixed_length is None:
+        raise SdbenchError("--dist fixed needs --fixed-length K (every sequence accepts K draft tokens)")
+    if spec.dist == "trace" and spec.trace_path is None:
+        raise SdbenchError("--dist trace needs --trace PATH (a file of observed accepted lengths)")
+    for option, values in (("--b", spec.batch_sizes), ("--gamma", spec.gammas), ("--alpha", spec.alphas)):
+        if not values:
+            raise SdbenchError(f"{option}: needs at least one value")
+    if spec.op in KV_OPS and any(kv_dim < 1 for kv_dim in kv_dims_of(spec)):
+        raise SdbenchError(f"--kv-dim: {spec.op} moves draft KV, so every kv_dim must be >= 1")
+    if spec.op not in KV_OPS and any(kv_dim != 0 for kv_dim in kv_dims_of(spec)):
+        raise SdbenchError(f"--kv-dim: {spec.op} moves no KV; use --op verify_pack or --op pack to sweep kv_dim")
+    if spec.warmup < 0:
+        raise SdbenchError(f"--warmup must be >= 0, got {spec.warmup}")
+    if spec.iters < 1:
+        raise SdbenchError(f"--iters must be >= 1, got {spec.iters}")
+    if spec.gpu_iters < 1:
+        raise SdbenchError(f"gpu_iters must be >= 1, got {spec.gpu_iters}")
+    if not 0 <= spec.shard_index < spec.shard_count:
+        raise SdbenchError(f"--shard: needs 0 <= i < n, got {spec.shard_index}/{spec.shard_count}")
+    try:
+        device = torch.device(spec.device)
+    except RuntimeError:
+        raise SdbenchError(f"--device: {spec.device!r} is not a device; use cuda or cpu") from None
+    if device.type not in ("cuda", "cpu"):
+        raise SdbenchError(f"--device: {spec.device!r} is not supported; use cuda or cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SdbenchError("--device cuda: no CUDA device is visible here; use --device cpu")
+    registry.select(spec.op, list(spec.impls))  # unknown names raise with a suggestion
+    grid(spec)  # every config validates its own values
+
+
+def grid(spec: SweepSpec) -> list[VerifyConfig]:
+    """Every config of the spec, in a fixed order (the order --shard partitions)."""
+    kv_dims = kv_dims_of(spec)
+    value_dtypes = spec.prob_dtypes if spec.op == "prob_verify" else spec.kv_dtypes
+    if spec.op not in KV_OPS and spec.op != "prob_verify":
+        value_dtypes = value_dtypes[:1]  # verify has no KV: its dtype would only multiply the grid
+    points = itertools.product(
+        _unique(spec.vocab_sizes), kv_dims, _unique(spec.token_dtypes), _unique(value_dtypes),
+        _unique(spec.batch_sizes), _unique(spec.gammas), _unique(spec.alphas),
+    )
+    configs = []
+    for vocab, kv_dim, token_dtype, value_dtype, batch, gamma, alpha in points:
+        dtype_field = {"prob_dtype": value_dtype} if spec.op == "prob_verify" else {"kv_dtype": value_dtype}
+        configs.append(VerifyConfig(
+            batch_size=batch, gamma=gamma, alpha=float(alpha), kv_dim=kv_dim, dist=spec.dist, vocab_size=vocab,
+            token_dtype=token_dtype, seed=spec.seed, fixed_length=spec.fixed_length, trace_path=spec.trace_path,
+            **dtype_field,
+        ))
+    return configs
+
+
+def shard(configs: list[VerifyConfig], index: int, count: int) -> list[VerifyConfig]:
+    """Every count-th config starting at index: the shards 0..count-1 partition the grid exactly."""
+    return configs[index::count]
+
+
+def config_columns(op: str, device: str, cfg: VerifyConfig) -> dict[str, Any]:
+    """The results columns that identify cfg (results.CONFIG_COLUMNS); device is recorded by type (cuda, cpu)."""
+    return {
+        "op": op, "device": torch.device(device).type, "batch_size": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha,
+        "kv_dim": cfg.kv_dim, "vocab_size": cfg.vocab_size, "dist": cfg.dist, "token_dtype": cfg.token_dtype,
+        "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype, "seed": cfg.seed,
+    }
+
+
+def label(op: str, cfg: VerifyConfig) -> str:
+    text = f"{op} b={cfg.batch_size} γ={cfg.gamma} α={cfg.alpha:g}"
+    if cfg.kv_dim:
+        text += f" kv_dim={cfg.kv_dim}"
+    if op == "prob_verify":
+        text += f" V={cfg.vocab_size} {cfg.prob_dtype}"
+    return text
+
+
+# --- progress and summary ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepProgress:
+    done: int  # configs finished by this invocation
+    total: int  # configs this invocation measures (its shard, less those resumed)
+    current: str | None  # the config being measured; None between configs
+
+
+@dataclass
+class SweepSummary:
+    run_id: str
+    out_dir: Path
+    device: str
+    views: tuple[str, ...]
+    grid_size: int  # configs in the whole grid
+    shard_size: int  # configs in this shard
+    skipped: int = 0  # already present (--resume)
+    measured: int = 0
+    interrupted: bool = False
+    parts: list[Path] = field(default_factory=list)
+    medians_us: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (impl, view) -> per config
+    statuses: dict[str, dict[str, int]] = field(default_factory=dict)  # impl -> status -> configs
+
+    @property
+    def remaining(self) -> int:
+        return self.shard_size - self.skipped - self.measured
+
+    @property
+    def impls(self) -> list[str]:
+        return list(self.statuses)
+
+    def median_of_medians(self, impl: str, view: str) -> float | None:
+        values = self.medians_us.get((impl, view))
+        return timing.percentile(values, 50.0) if values else None
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            counts = self.statuses.setdefault(row["impl"], {})
+            if row["view"] == self.views[0]:  # count configs, not rows
+                counts[row["status"]] = counts.get(row["status"], 0) + 1
+            if row["status"] == "ok":
+                self.medians_us.setdefault((row["impl"], row["view"]), []).append(row["median_us"])
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
+
+
+# --- running -----------------------------------------------------------------------------------
+def check_op_available(op: str) -> None:
+    """A clean error when op has no implementations or cannot build workloads yet (prob_verify)."""
+    if not registry.implementations(op):
+        raise SdbenchError(f"no implementations of {op!r} are registered yet; nothing to sweep")
+    if op == "prob_verify":
+        try:
+            make_workload(op, VerifyConfig(batch_size=1, gamma=1, vocab_size=8), "cpu")
+        except (SdbenchError, NotImplementedError) as err:
+            raise SdbenchError(f"prob_verify cannot be swept here yet: {err}") from None
+
+
+def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None = None) -> SweepSummary:
+    """Measure every config of spec's shard (less those already written, with resume) into spec.out_dir.
+
+    Ctrl-C (KeyboardInterrupt) stops after the config in flight is abandoned; every finished part is
+    kept and the summary says `interrupted`. Raises SdbenchError for bad specs before measuring anything.
+    """
+    validate(spec)
+    check_op_available(spec.op)
+    impls = list({impl.key: impl for impl in registry.select(spec.op, list(spec.impls))}.values())  # no repeats
+    device = str(torch.device(spec.device))
+    configs = grid(spec)
+    mine = shard(configs, spec.shard_index, spec.shard_count)
+    done = results.done_configs(spec.out_dir) if spec.resume else set()
+    todo = [cfg for cfg in mine if results.config_key(config_columns(spec.op, device, cfg)) not in done]
+    options = timing.TimingOptions(warmup=spec.warmup, iters=spec.iters, gpu_iters=spec.gpu_iters, cold_l2=spec.cold_l2)
+    summary = SweepSummary(
+        run_id=spec.run_id or new_run_id(), out_dir=Path(spec.out_dir), device=device,
+        views=timing.views_for(device), grid_size=len(configs), shard_size=len(mine), skipped=len(mine) - len(todo),
+    )
+    notify = progress or (lambda _: None)
+    # Events and graphs use the current device's stream: make the sweep's device current.
+    on_device = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
+    try:
+        with on_device:
+            floor = launch_floor(device)
+            notify(SweepProgress(0, len(todo), None))
+            for cfg in todo:
+                notify(SweepProgress(summary.measured, len(todo), label(spec.op, cfg)))
+                rows = measure_config(spec.op, cfg, impls, device, options, floor, summary.run_id)
+                key_values = config_columns(spec.op, device, cfg)
+                summary.parts.append(results.write_part(spec.out_dir, results.part_name(summary.run_id, key_values), rows))
+                summary.add(rows)
+                summary.measured += 1
+                notify(SweepProgress(summary.measured, len(todo), None))
+    except KeyboardInterrupt:
+        summary.interrupted = True
+    return summary
+
+
+def measure_config(
+    op: str, cfg: VerifyConfig, impls: list[Implementation], device: str, options: timing.TimingOptions,
+    floor: LaunchFloor, run_id: str,
+) -> list[dict[str, Any]]:
+    """Every row of one config: parity, then interleaved timing of what passed, plus the launch floor."""
+    views = timing.views_for(device, options)
+    base = {
+        "run_id": run_id, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **envinfo.collect(device), **config_columns(op, device, cfg),
+        "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,
+    }
+    try:
+        workload = make_workload(op, cfg, device)
+        timed_workload = timing_workload(op, workload)
+    except Exception as err:
+        reason = f"building the workload raised {type(err).__name__}: {err}"
+        return [_row(base, impl, view, "error", reason) for impl in impls for view in views]
+
+    rows_of: dict[str, list[dict[str, Any]]] = {}  # impl name -> its rows, kept in registry order
+    runs: dict[str, Callable[[], object]] = {}
+    not_capturable: dict[str, str] = {}
+    notes: dict[str, str] = {}  # said on the ok rows of an implementation timed without a parity check
+    for impl in impls:
+        status, reason, run = _ready(impl, workload, timed_workload, device)
+        if status != "ok":
+            rows_of[impl.name] = [_row(base, impl, view, status, reason) for view in views]
+            continue
+        runs[impl.name] = run
+        if reason is not None:
+            notes[impl.name] = reason
+        if impl.sync:
+            not_capturable[impl.name] = "syncs the host (data-dependent shape or .item()): cannot be captured"
+        elif getattr(run, "not_capturable", None):
+            not_capturable[impl.name] = run.not_capturable
+
+    callables = dict(runs)
+    if floor.run is not None:
+        callables[timing.LAUNCH_FLOOR] = floor.run
+    try:
+        timings = timing.measure(callables, device, options, not_capturable=not_capturable) if callables else {}
+    except Exception as err:  # a sticky device error: every view of every timed callable is lost
+        failed = timing.ViewResult(status="error", reason=f"timing raised {type(err).__name__}: {err}")
+        timings = {name: {view: failed for view in views} for name in callables}
+
+    workload_columns = _workload_columns(op, cfg, workload, timed_workload, runs)
+    floor_medians = {
+        view: (timings[timing.LAUNCH_FLOOR][view].stats.median_us
+               if floor.run is not None and timings[timing.LAUNCH_FLOOR][view].stats else None)
+        for view in views
+    }
+    for impl in impls:
+        if impl.name in runs:
+            rows_of[impl.name] = [
+                _timed_row(base, impl, view, timings[impl.name][view], workload_columns) for view in views
+            ]
+            for row in rows_of[impl.name]:
+                if row["status"] == "ok" and impl.name in notes:
+                    row["reason"] = notes[impl.name]
+    rows = [row for impl in impls for row in rows_of[impl.name]]
+    rows.extend(_floor_rows(base, floor, views, timings.get(timing.LAUNCH_FLOOR)))
+    gpu_iters = min(options.iters, options.gpu_iters)
+    for row in rows:
+        row.update(
+            mean_accepted_length=workload_columns["mean_accepted_length"],
+            accepted_kv_bytes=workload_columns["accepted_kv_bytes"],
+            launch_floor_us=floor_medians[row["view"]],
+            iters=gpu_iters if row["view"] == "gpu" else options.iters,
+        )
+    return rows
+
+
+def timing_workload(op: str, workload):
+    """What is timed: the parity workload itself, except prob_verify, which is timed with fast randomness.
+
+    Parity needs supplied randomness (every implementation reads the same uniforms and noise); a serving
+    engine draws its own, so prob_verify is timed in the workload's `fast` mode (in-kernel Philox).
+    """
+    if op == "prob_verify" and hasattr(workload, "with_randomness"):
+        return workload.with_randomness("fast")
+    return workload
+
+
+def _ready(impl: Implementation, workload, timed_workload, device: str) -> tuple[str, str | None, Callable | None]:
+    """(status, reason, prepared run): unavailable here, failed parity, error preparing, or ok.
+
+    An ok prob_verify implementation that cannot take supplied randomness (it raises SdbenchError when
+    prepared for parity, e.g. FlashInfer's own Philox) is timed unchecked, with the reason as a note.
+    """
+    reason = impl.unavailable_reason(device, workload.config)
+    if reason is not None:
+        return "unavailable", reason, None
+    note = None
+    try:
+        failure = parity.check(impl, workload)
+    except SdbenchError as err:
+        if impl.op != "prob_verify":
+            return "failed", f"parity: raised SdbenchError: {err}", None
+        failure, note = None, f"parity not checked (no supplied randomness): {err}"
+    except Exception as err:  # a crashing kernel fails parity; it does not stop the sweep
+        failure = f"raised {type(err).__name__}: {err}"
+    if failure is not None:
+        return "failed", f"parity: {failure}", None
+    try:
+        return "ok", note, impl.prepare(timed_workload)
+    except Exception as err:
+        return "error", f"prepare raised {type(err).__name__}: {err}", None
+
+
+def _workload_columns(op: str, cfg: VerifyConfig, workload, timed_workload, runs: dict[str, Callable]) -> dict[str, Any]:
+    """Realised mean k_i, accepted KV bytes and the bytes the op must move."""
+    lengths = getattr(workload, "accepted_lengths", None)
+    if lengths is None:  # workloads without an oracle of lengths (prob_verify): ask an implementation
+        for run in runs.values():
+            try:
+                lengths = run().get("accepted_lengths")
+            except Exception:
+                lengths = None
+            if lengths is not None:
+                break
+    mean_accepted = float(lengths.double().mean()) if lengths is not None else None
+    accepted_kv_bytes = 0
+    if cfg.kv_dim > 0 and lengths is not None:
+        element_bytes = torch.empty((), dtype=KV_DTYPES[cfg.kv_dtype]).element_size()
+        accepted_kv_bytes = int(lengths.sum()) * cfg.kv_dim * element_bytes
+    if op in KV_OPS:
+        bytes_moved = 2 * accepted_kv_bytes  # each accepted row read once and written once
+    elif op == "prob_verify":
+        bytes_moved = _prob_bytes(cfg, getattr(timed_workload, "randomness", "fast"))
+    else:
+        bytes_moved = None
+    return {"mean_accepted_length": mean_accepted, "accepted_kv_bytes": accepted_kv_bytes, "bytes_moved": bytes_moved}
+
+
+def _prob_bytes(cfg: VerifyConfig, randomness: str) -> int:
+    """prob_verify's roofline bytes (sdbench.ops.prob_verify.workload.prob_bytes)."""
+    from sdbench.ops.prob_verify.workload import prob_bytes
+
+    return int(prob_bytes(cfg, randomness=randomness))
+
+
+def _row(base: dict[str, Any], impl: Implementation, view: str, status: str, reason: str | None) -> dict[str, Any]:
+    return {
+        **base, "impl": impl.name, "backend": impl.backend, "is_peer": impl.peer, "syncs": impl.sync,
+        "view": view, "status": status, "reason": reason, "samples_us": [],
+    }
+
+
+def _with_stats(row: dict[str, Any], result: timing.ViewResult) -> dict[str, Any]:
+    stats = result.stats
+    if stats is not None:
+        row.update(dataclasses.asdict(stats), samples_us=list(result.samples_us))
+    return row
+
+
+def _timed_row(base, impl: Implementation, view: str, result: timing.ViewResult, workload_columns) -> dict[str, Any]:
+    row = _with_stats(_row(base, impl, view, result.status, result.reason), result)
+    bytes_moved = workload_columns["bytes_moved"]
+    row["bytes_moved"] = bytes_moved
+    if bytes_moved is not None and row.get("median_us"):
+        row["achieved_gbps"] = bytes_moved / (row["median_us"] * 1e3)
+    return row
+
+
+def _floor_rows(base, floor: LaunchFloor, views, floor_timings) -> list[dict[str, Any]]:
+    rows = []
+    for view in views:
+        row = {
+            **base, "impl": timing.LAUNCH_FLOOR, "backend": floor.backend, "is_peer": False, "syncs": False,
+            "view": view, "samples_us": [],
+        }
+        if floor.run is None or floor_timings is None:
+            row.update(status="unavailable", reason=floor.reason)
+        else:
+            result = floor_timings[view]
+            row.update(status=result.status, reason=result.reason if result.status != "ok" else floor.reason)
+            _with_stats(row, result)
+        rows.append(row)
+    return rows

@@ -1,1 +1,0 @@
-"""Implementations, one module per backend family; importing a module registers its entries."""

@@ -1,0 +1,406 @@
+"""The only timing code: three views of the same prepared callables, interleaved, every sample kept.
+
+Views (one per way a serving engine pays for the work):
+- `wall`:  a CUDA-event pair around each eager call, with the device idle before the call, so the
+           host's launch cost is inside the pair — what a host-driven decode loop pays.
+- `graph`: the callable captured once in a CUDA graph, an event pair around each replay — what a
+           graph-captured serving engine pays. Callables that sync the host cannot be captured.
+- `gpu`:   device time only: CUPTI (torch.profiler) kernel, memcpy and memset durations summed per
+           iteration, over a bounded number of iterations (the profiler's post-processing is the cost).
+- `cpu`:   on a CPU device, `time.perf_counter_ns` around each call.
+
+Every view runs its callables round-robin (the start rotates each round), so drift on a shared,
+virtualised machine lands on all of them alike; the launch floor (an empty kernel) is just one more
+callable in the rotation. Timing knows nothing about workloads, the registry or parquet: it takes
+zero-argument callables and returns per-iteration samples in microseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+LAUNCH_FLOOR = "launch_floor"
+CUDA_VIEWS = ("wall", "graph", "gpu")
+CPU_VIEWS = ("cpu",)
+
+
+# Eager calls made on a side stream before capture: lazy init (cuBLAS handles, Triton autotuning,
+# allocator growth) must not happen inside the capture.
+CAPTURE_WARMUP_CALLS = 3
+_MARK = "sdbench-iter:"  # torch.profiler annotation prefix of one timed iteration
+CPU_FLUSH_BYTES = 64 * 2**20  # larger than the last-level cache of the CI machines
+
+
+# --- statistics --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stats:
+    median_us: float
+    p95_us: float
+    min_us: float
+    mean_us: float
+    std_us: float  # sample standard deviation (n - 1); 0.0 for a single sample
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's default)."""
+    if not samples:
+        raise ValueError("percentile of no samples")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    ordered = sorted(samples)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(samples_us: Sequence[float]) -> Stats | None:
+    """median / p95 / min / mean / std of the samples; None when there are none."""
+    if not samples_us:
+        return None
+    count = len(samples_us)
+    mean = math.fsum(samples_us) / count
+    variance = math.fsum((x - mean) ** 2 for x in samples_us) / (count - 1) if count > 1 else 0.0
+    return Stats(
+        median_us=percentile(samples_us, 50.0),
+        p95_us=percentile(samples_us, 95.0),
+        min_us=min(samples_us),
+        mean_us=mean,
+        std_us=math.sqrt(variance),
+    )
+
+
+# --- results -----------------------------------------------------------------------------------
+@dataclass
+class ViewResult:
+    """One callable in one view: every sample, or why there are none."""
+
+    samples_us: list[float] = field(default_factory=list)
+    status: str = "ok"  # ok | unavailable (cannot be measured this way) | error (raised while timing)
+    reason: str | None = None
+
+    @property
+    def stats(self) -> Stats | None:
+        return summarize(self.samples_us) if self.status == "ok" else None
+
+
+Timings = dict[str, dict[str, ViewResult]]  # callable name -> view -> result
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    warmup: int = 20
+    iters: int = 200
+    gpu_iters: int = 50  # iterations profiled for the gpu view (capped at iters)
+    cold_l2: bool = False  # write a buffer of 2x L2 between iterations, outside the timed region
+    views: tuple[str, ...] | None = None  # None: every view of the device
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.iters < 1:
+            raise ValueError(f"iters must be >= 1, got {self.iters}")
+        if self.gpu_iters < 1:
+            raise ValueError(f"gpu_iters must be >= 1, got {self.gpu_iters}")
+
+
+def views_for(device: str | torch.device, options: TimingOptions | None = None) -> tuple[str, ...]:
+    """The views measured on device (the options' subset, if given)."""
+    native = CUDA_VIEWS if torch.device(device).type == "cuda" else CPU_VIEWS
+    if options is None or options.views is None:
+        return native
+    unknown = [view for view in options.views if view not in native]
+    if unknown:
+        raise ValueError(f"view(s) {unknown} cannot be measured on {device}; choose from {native}")
+    return tuple(view for view in native if view in options.views)
+
+
+def describe_error(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _rotation(names: list[str], round_index: int) -> list[str]:
+    if not names:
+        return names
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
+# --- cold L2 -----------------------------------------------------------------------------------
+def l2_flush(device: str | torch.device) -> Callable[[], None]:
+    """A callable that evicts the cache by writing a buffer of at least 2x its size."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
+        size = 2 * l2_bytes
+    else:
+        size = CPU_FLUSH_BYTES
+    buffer = torch.empty(size, dtype=torch.int8, device=device)
+    return buffer.zero_
+
+
+# --- the views ---------------------------------------------------------------------------------
+def measure(
+    callables: Mapping[str, Callable[[], object]],
+    device: str | torch.device,
+    options: TimingOptions | None = None,
+    *,
+    not_capturable: Mapping[str, str] | None = None,
+) -> Timings:
+    """Time every callable in every view of device, round-robin within each view.
+
+    not_capturable maps a name to the reason it must not be captured in a CUDA graph (it syncs the
+    host, or it replays a graph of its own); its graph view is `unavailable` with that reason.
+    A callable that raises is `error` in that view, with the exception, and leaves the rotation.
+    """
+    options = options or TimingOptions()
+    device = torch.device(device)
+    flush = l2_flush(device) if options.cold_l2 else None
+    not_capturable = dict(not_capturable or {})
+    results: Timings = {name: {} for name in callables}
+    for view in views_for(device, options):
+        if view == "cpu":
+            view_results = _measure_cpu(callables, options, flush)
+        elif view == "wall":
+            view_results = _measure_wall(callables, device, options, flush)
+        elif view == "graph":
+            view_results = _measure_graph(callables, device, options, flush, not_capturable)
+        else:
+            view_results = _measure_gpu(callables, device, options, flush)
+        for name, result in view_results.items():
+            results[name][view] = result
+    return results
+
+
+def _measure_cpu(callables, options: TimingOptions, flush) -> dict[str, ViewResult]:
+    results = {name: ViewResult() for name in callables}
+    active = list(callables)
+    for round_index in range(options.warmup + options.iters):
+        timed = round_index >= options.warmup
+        for name in _rotation(active, round_index):
+            if flush is not None:
+                flush()
+            try:
+                start_ns = time.perf_counter_ns()
+                callables[name]()
+                elapsed_ns = time.perf_counter_ns() - start_ns
+            except Exception as err:
+                _fail(results[name], err, active, name)
+                continue
+            if timed:
+                results[name].samples_us.append(elapsed_ns / 1000.0)
+    return results
+
+
+def _fail(result: ViewResult, err: BaseException, active: list[str], name: str) -> None:
+    result.status, result.reason, result.samples_us = "error", f"raised {describe_error(err)}", []
+    if name in active:
+        active.remove(name)
+
+
+def _event_loop(runs: Mapping[str, Callable[[], object]], device, options, flush, results) -> None:
+    """Round-robin: flush (untimed), idle device, event, one run, event. Elapsed times at the end."""
+    active = [name for name in runs if results[name].status == "ok"]
+    events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {name: [] for name in active}
+    for round_index in range(options.warmup + options.iters):
+        timed = round_index >= options.warmup
+        for name in _rotation(active, round_index):
+            if flush is not None:
+                flush()
+            # An idle device before the start event puts the host's launch cost inside the pair.
+            torch.cuda.synchronize(device)
+            try:
+                if timed:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    runs[name]()
+                    end.record()
+                    events[name].append((start, end))
+                else:
+                    runs[name]()
+            except Exception as err:
+                _fail(results[name], err, active, name)
+    torch.cuda.synchronize(device)
+    for name in active:
+        results[name].samples_us = [start.elapsed_time(end) * 1000.0 for start, end in events[name]]
+
+
+def _measure_wall(callables, device, options, flush) -> dict[str, ViewResult]:
+    results = {name: ViewResult() for name in callables}
+    _event_loop(callables, device, options, flush, results)
+    return results
+
+
+def capture_graph(run: Callable[[], object], device: str | torch.device | None = None):
+    """Capture run once in a CUDA graph: returns (graph, the outputs the capture produced).
+
+    Those outputs are the graph's static buffers: every replay rewrites them in place.
+    """
+    side_stream = torch.cuda.Stream(device=device)
+    side_stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side_stream):
+        for _ in range(CAPTURE_WARMUP_CALLS):
+            run()
+    torch.cuda.current_stream(device).wait_stream(side_stream)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = run()
+    torch.cuda.synchronize(device)
+    return graph, outputs
+
+
+def _measure_graph(callables, device, options, flush, not_capturable) -> dict[str, ViewResult]:
+    results = {name: ViewResult() for name in callables}
+    graphs = {}
+    for name, run in callables.items():
+        if name in not_capturable:
+            results[name] = ViewResult(status="unavailable", reason=not_capturable[name])
+            continue
+        try:
+            graphs[name], _ = capture_graph(run, device)
+        except Exception as err:
+            results[name] = ViewResult(status="error", reason=f"CUDA graph capture failed: {describe_error(err)}")
+            try:  # a failed capture can leave an error pending on the stream: clear it here, not in the next run
+                torch.cuda.synchronize(device)
+            except Exception:
+                pass
+    replays = {name: graph.replay for name, graph in graphs.items()}
+    _event_loop(replays, device, options, flush, results)
+    for graph in graphs.values():
+        graph.reset()
+    return results
+
+
+@contextlib.contextmanager
+def _cupti_torn_down_after():
+    """Have kineto detach CUPTI when this profiler session ends (TEARDOWN_CUPTI=1 while it runs).
+
+    Left attached (kineto's default), CUPTI adds ~9 µs to every later kernel launch: measured on
+    the H100 host, an empty kernel's wall time went from 20.7 µs before a torch.profiler session to
+    29.4 µs after it, and stayed at 25 µs with teardown. The gpu view profiles once per config, so
+    without this every later wall and graph number would carry that tax. Scoped to this session:
+    `sdbench profile` runs back-to-back sessions, and one that follows a teardown records nothing.
+    A user's explicit setting wins.
+    """
+    previous = os.environ.get("TEARDOWN_CUPTI")
+    if previous is None:
+        os.environ["TEARDOWN_CUPTI"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TEARDOWN_CUPTI", None)
+
+
+# A profiler session can record no device activity at all while CUPTI re-attaches (seen on the
+# H100 host right after another session's teardown): such a session is run again, after a pause.
+CUPTI_ATTEMPTS = 3
+CUPTI_RETRY_PAUSE_S = 0.25
+
+
+def _measure_gpu(callables, device, options, flush) -> dict[str, ViewResult]:
+    """CUPTI device time: each iteration inside a profiler annotation, its device work summed."""
+    names = list(callables)
+    for attempt in range(CUPTI_ATTEMPTS):
+        if attempt:
+            time.sleep(CUPTI_RETRY_PAUSE_S)
+        results = {name: ViewResult() for name in callables}
+        try:
+            per_iteration, device_events, iters = _profile_session(callables, device, options, flush, results)
+        except Exception as err:
+            reason = f"torch.profiler (CUPTI) failed: {describe_error(err)}"
+            return {name: ViewResult(status="unavailable", reason=reason) for name in names}
+        if device_events:
+            break
+    else:
+        reason = f"CUPTI recorded no device activity in {CUPTI_ATTEMPTS} sessions (is the profiler usable here?)"
+        return {name: ViewResult(status="unavailable", reason=reason) for name in names}
+    for index, name in enumerate(names):
+        if results[name].status == "ok":
+            results[name].samples_us = [per_iteration.get((index, i), 0.0) for i in range(iters)]
+    return results
+
+
+# Device-side kineto events that are not device work: GPU spans of record_function ranges (torch.compile
+# wraps every compiled call in one, "Torch-Compiled Region") would count their kernels twice.
+NOT_DEVICE_WORK = frozenset({"gpu_user_annotation", "user_annotation", "cuda_sync"})
+
+
+def is_device_work(event) -> bool:
+    """True for a kineto device event that is real device work (a kernel, memcpy or memset)."""
+    kind = event.activity_type() if hasattr(event, "activity_type") else ""
+    return kind not in NOT_DEVICE_WORK
+
+
+def _profile_session(callables, device, options, flush, results):
+    """One torch.profiler session over the interleaved iterations: (per-iteration totals, device
+    events seen, iterations)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    names = list(callables)
+    iters = min(options.gpu_iters, options.iters)
+    active = list(names)
+    with _cupti_torn_down_after(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for iteration in range(iters):
+            for name in _rotation(active, iteration):
+                if flush is not None:
+                    flush()
+                torch.cuda.synchronize(device)
+                try:
+                    with record_function(f"{_MARK}{names.index(name)}:{iteration}"):
+                        callables[name]()
+                except Exception as err:
+                    _fail(results[name], err, active, name)
+        torch.cuda.synchronize(device)
+    per_iteration, device_events = _device_time_per_annotation(prof.profiler.kineto_results.events())
+    return per_iteration, device_events, iters
+
+
+def _device_time_per_annotation(kineto_events) -> tuple[dict[tuple[int, int], float], int]:
+    """Sum device-event durations (µs) per (callable index, iteration) annotation.
+
+    A device event is placed by the host time of the CUDA runtime / driver call that launched it
+    (`cudaLaunchKernel`, `cuLaunchKernelEx`, `cudaGraphLaunch`…, which share its correlation id).
+    Triton launches through the driver API with no torch op around them, so the launching op is
+    not always known; the launch call always is. A launch outside every annotation (the L2 flush
+    between iterations) belongs to no iteration.
+    """
+    import bisect
+
+    cpu_type = torch.autograd.DeviceType.CPU
+    annotations = []  # (start_ns, end_ns, key)
+    launch_start_by_correlation = {}
+    device_events = []
+    for event in kineto_events:
+        name = event.name()
+        if event.device_type() == cpu_type:
+            if name.startswith("cu"):  # a CUDA runtime or driver API call
+                launch_start_by_correlation[event.correlation_id()] = event.start_ns()
+            elif name.startswith(_MARK):
+                index, iteration = name[len(_MARK):].split(":")
+                annotations.append((event.start_ns(), event.end_ns(), (int(index), int(iteration))))
+        elif not name.startswith(_MARK) and is_device_work(event):
+            device_events.append(event)
+    annotations.sort()
+    starts = [start for start, _, _ in annotations]
+    totals: dict[tuple[int, int], float] = {}
+    for event in device_events:
+        launched_ns = launch_start_by_correlation.get(event.correlation_id())
+        # Without its launch call, place it by its own start: iterations are serialised by a sync.
+        slot = bisect.bisect_right(starts, launched_ns if launched_ns is not None else event.start_ns()) - 1
+        if slot < 0:
+            continue
+        start_ns, end_ns, key = annotations[slot]
+        if launched_ns is not None and launched_ns > end_ns:
+            continue  # launched between iterations (the L2 flush): not part of any iteration
+        totals[key] = totals.get(key, 0.0) + event.duration_ns() / 1000.0
+    return totals, len(device_events)

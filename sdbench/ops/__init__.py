@@ -1,0 +1,27 @@
+"""The operations sdbench verifies and times, one package each.
+
+    ops/<op>/reference.py      the definition of correctness (eager PyTorch)
+    ops/<op>/*_impls.py        every implementation, each registered where it is defined
+    ops/workload.py            VerifyConfig (one point of any grid) and the greedy ops' inputs
+    ops/prob_verify/workload.py  prob_verify's inputs
+
+The registry imports every `*_impls` module under this package, so adding an implementation is one
+function and one `register(...)` call in its op's folder.
+"""
+
+from __future__ import annotations
+
+import torch
+
+OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify")
+
+
+def make_workload(op: str, cfg, device: str | torch.device = "cpu"):
+    """The workload an operation runs on: greedy ops share VerifyWorkload; prob_verify has its own."""
+    if op == "prob_verify":
+        from sdbench.ops.prob_verify.workload import make_prob_workload
+
+        return make_prob_workload(cfg, device)
+    from sdbench.ops.workload import make_verify_workload
+
+    return make_verify_workload(cfg, device)

@@ -1,0 +1,1 @@
+"""verify: greedy verification. reference.py defines it; *_impls.py implement it."""

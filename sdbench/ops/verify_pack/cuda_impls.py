@@ -1,0 +1,76 @@
+"""verify_pack in CUDA (csrc/fused.cu and the two-step pipelines built from verify's and pack's kernels)."""
+
+from __future__ import annotations
+
+import torch
+
+from sdbench.ops.backends import cuda_ops, cuda_probe, needs_kv
+from sdbench.ops.pack.cuda_impls import pack_outputs
+from sdbench.ops.verify.cuda_impls import verify_args, verify_outputs
+from sdbench.ops.workload import VerifyConfig, VerifyWorkload
+from sdbench.registry import BufferedRun, Implementation, register
+
+SINGLE_BLOCK_MAX_BATCH = 32  # fused_single_block: one warp per sequence, one block of 32 warps
+
+
+def _single_block_supports(cfg: VerifyConfig) -> str | None:
+    if cfg.batch_size > SINGLE_BLOCK_MAX_BATCH:
+        return f"one block of 32 warps: needs B <= {SINGLE_BLOCK_MAX_BATCH}"
+    return needs_kv(cfg)
+
+
+def _prepare_fused(op_name: str):
+    def prepare(w: VerifyWorkload) -> BufferedRun:
+        op = getattr(cuda_ops(), op_name)
+        out = {**verify_outputs(w), **pack_outputs(w)}
+        args = (w.draft_tokens, w.target_tokens, w.draft_kv, out["accepted_lengths"], out["has_mismatch"],
+                out["next_tokens"], out["packed_kv"], out["packed_offsets"])
+        return BufferedRun(lambda: op(*args), out)
+
+    return prepare
+
+
+def _prepare_ballot_pack_torch(w: VerifyWorkload) -> BufferedRun:
+    """ballot, then the eager mask-and-gather: draft_kv[mask] allocates and syncs for its shape."""
+    ballot = cuda_ops().verify_ballot
+    out = {**verify_outputs(w), "packed_offsets": torch.empty(w.config.batch_size, dtype=torch.int64,
+                                                              device=w.device)}
+    ballot_args = verify_args(w, out)
+    positions = torch.arange(w.config.gamma, device=w.device)
+    accepted_lengths, packed_offsets = out["accepted_lengths"], out["packed_offsets"]
+
+    def launch() -> None:
+        ballot(*ballot_args)
+        torch.cumsum(accepted_lengths, 0, out=packed_offsets)
+        packed_offsets.sub_(accepted_lengths)
+        out["packed_kv"] = w.draft_kv[positions[None, :] < accepted_lengths[:, None]]
+
+    return BufferedRun(launch, out)
+
+
+def _prepare_ballot_pack_cuda(w: VerifyWorkload) -> BufferedRun:
+    ops = cuda_ops()
+    ballot, pack_op = ops.verify_ballot, ops.pack
+    out = {**verify_outputs(w), **pack_outputs(w)}
+    ballot_args = verify_args(w, out)
+    pack_args = (w.draft_kv, out["accepted_lengths"], out["packed_kv"], out["packed_offsets"])
+
+    def launch() -> None:
+        ballot(*ballot_args)
+        pack_op(*pack_args)
+
+    return BufferedRun(launch, out)
+
+
+def _cuda(**fields) -> Implementation:
+    return register(Implementation(op="verify_pack", backend="cuda", probe=cuda_probe, **fields))
+
+
+_cuda(name="fused_single_block", launches=1, supports=_single_block_supports, prepare=_prepare_fused("fused_single_block"),
+      description="published fused kernel: one block, warp i verifies and copies sequence i (B <= 32)")
+_cuda(name="fused", launches=1, supports=needs_kv, prepare=_prepare_fused("fused"),
+      description="verify + pack in one launch over the whole GPU, any B and kv_dim, no host sync")
+_cuda(name="ballot+pack_torch", sync=True, supports=needs_kv, prepare=_prepare_ballot_pack_torch,
+      description="ballot kernel, then eager draft_kv[mask] (data-dependent shape: syncs)")
+_cuda(name="ballot+pack_cuda", launches=2, supports=needs_kv, prepare=_prepare_ballot_pack_cuda,
+      description="ballot kernel, then the pack_cuda kernel: two launches, no host sync")

@@ -1,0 +1,281 @@
+"""sdbench report: tables, plots, --compare and one-line errors, on the CPU fixture and synthetic GPU rows.
+
+tests/fixtures/cpu-sweep.parquet is a real CPU sweep (torch_eager and serial_triton under
+TRITON_INTERPRET=1; see tests/fixtures/README.md). Synthetic rows plant GPU-like behaviour whose
+tables are known in advance: ballot is 200 / 19.5 = 10.26× faster than torch_eager in wall time.
+"""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from sdbench.cli import app
+from sdbench.commands import report
+from sdbench.commands.report import compare
+from sdbench.errors import SdbenchError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+import synthetic_results  # noqa: E402
+
+pytest.importorskip("polars")
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "cpu-sweep.parquet"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def gpu_results(tmp_path_factory) -> Path:
+    return synthetic_results.write(tmp_path_factory.mktemp("gpu") / "part-0.parquet", synthetic_results.make_rows())
+
+
+@pytest.fixture(scope="module")
+def gpu_report(gpu_results):
+    return report.build_report([gpu_results])
+
+
+def _table(built: report.Report, title_start: str) -> report.ReportTable:
+    return next(table for table in built.tables if table.title.startswith(title_start))
+
+
+def _column(table: report.ReportTable, name: str) -> list[str]:
+    return [row[table.columns.index(name)] for row in table.rows]
+
+
+# --- the CPU fixture --------------------------------------------------------------------------
+def test_fixture_is_small_and_real():
+    assert FIXTURE.stat().st_size < 200_000
+    table = pq.read_table(FIXTURE)
+    assert set(table.column("device").to_pylist()) == {"cpu"}
+
+
+def test_fixture_latency_table_holds_its_implementations_and_speedups():
+    built = report.build_report([FIXTURE])
+    assert built.views == ["cpu"] and built.primary_view == "cpu"
+    latency = _table(built, "Median latency")
+    assert {"torch_eager", "serial_triton"} <= set(_column(latency, "impl"))
+    # serial_triton's speedup vs torch_eager, recomputed from the parquet by hand.
+    rows = [row for row in pq.read_table(FIXTURE).to_pylist() if row["status"] == "ok" and row["op"] == "verify"]
+    medians = {(r["batch_size"], r["gamma"], r["alpha"], r["impl"]): r["median_us"] for r in rows}
+    ratios = [medians[(b, g, a, "torch_eager")] / medians[(b, g, a, "serial_triton")]
+              for (b, g, a, impl) in medians if impl == "serial_triton"]
+    summary = _table(built, "Summary")
+    row = next(r for r in summary.rows if r[:2] == ["verify", "serial_triton"])
+    assert row[summary.columns.index("vs torch_eager")] == report.format_ratio(math.exp(np.mean(np.log(ratios))))
+    assert row[summary.columns.index("configs")] == str(len(ratios))
+
+
+def test_fixture_degrades_gracefully_and_says_what_is_missing():
+    built = report.build_report([FIXTURE])
+    assert any("no wall/graph/gpu" in note for note in _table(built, "Median latency").notes)
+    assert any("no naive / ballot" in note for note in _table(built, "α-sensitivity").notes)
+    assert any("needs verify_pack rows of a fused kernel" in note for note in _table(built, "Fused").notes)
+    assert any("needs wall and gpu views" in note for note in _table(built, "What limited").notes)
+    assert any("torch_compile: unavailable" in note for note in built.notes)
+
+
+def test_out_writes_markdown_plots_and_self_contained_html(tmp_path):
+    written = report.write_report(report.build_report([FIXTURE]), tmp_path)
+    names = {path.name for path in written}
+    assert {"report.md", "report.html", "latency_vs_gamma_verify.png", "latency_vs_alpha_verify.png"} <= names
+    for path in written:
+        assert path.stat().st_size > 500, path
+    markdown = (tmp_path / "report.md").read_text()
+    assert "| verify | b=1 γ=8 α=0.3 | torch_eager |" in markdown
+    assert "skipped fused_vs_two_step.png" in markdown  # the CPU has no fused kernel: said, not drawn
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len([n for n in names if n.endswith(".png")])
+    assert "src='http" not in page and 'src="http' not in page
+
+
+# --- synthetic GPU rows -------------------------------------------------------------------------
+def test_gpu_tables_show_every_view_with_the_launch_floor_ratio(gpu_report):
+    latency = _table(gpu_report, "Median latency")
+    assert latency.columns[3:6] == ["wall µs", "graph µs", "gpu µs"]
+    row = next(r for r in latency.rows if r[1] == "b=32 γ=128 α=0.9" and r[2] == "ballot")
+    assert row[3] == "19.5 (1.0×fl)" and row[5] == "1.90 (2.1×fl)"
+    assert row[latency.columns.index("vs torch_eager")] == f"{200 / 19.5:.2f}×"
+
+
+def test_alpha_table_shows_naive_slope_and_flat_ballot(gpu_report):
+    table = _table(gpu_report, "α-sensitivity")
+    slopes = {(r[0], r[1], r[2]): float(r[table.columns.index("slope µs/α")]) for r in table.rows}
+    assert slopes[("naive", "32", "128")] == pytest.approx(25.0, rel=1e-3)
+    assert slopes[("ballot", "32", "128")] == 0.0
+    assert {r[2] for r in table.rows} == {"64", "128"}
+
+
+def test_fused_table_finds_the_planted_crossover(gpu_report):
+    table = _table(gpu_report, "Fused")
+    assert _column(table, "winner")[0] == "fused_single_block"
+    assert _column(table, "winner")[-1] == "ballot+pack_torch"
+    # wall: 20 + x/90e3 = 60 + x/2.5e6 -> x = 3.73 MB; measured neighbours 2.52 MB and 5.03 MB
+    note = next(note for note in table.notes if note.startswith("fused_single_block: crossover"))
+    tau_mb = float(note.split("τ ≈ ")[1].split(" MB")[0])
+    assert 2.52 < tau_mb < 5.04
+
+
+def test_limits_classify_launch_bandwidth_and_divergence():
+    config = ("verify", 32, 128, 0.9, 0, "binomial", "int64", "float16", 32000, False, "cuda", "H100")
+    kv_config = ("verify_pack",) + config[1:4] + (2048,) + config[5:]
+
+    def cell(wall, gpu, gbps=None, cfg=config):
+        return report.Cell(cfg, "x", "cuda", False, 1e7,
+                           {"wall": report.ViewStat(wall, 19.0, None), "gpu": report.ViewStat(gpu, 0.9, gbps)})
+
+    assert report.classify(cell(200, 15), None, None)[0] == "launch-bound"
+    assert report.classify(cell(30, 25, 2500.0, kv_config), 0.9, 3000.0)[0] == "bandwidth-bound"
+    assert report.classify(cell(30, 25), 1.5, 3000.0)[0] == "divergence (α-sensitive)"
+    assert report.classify(cell(30, 25, 500.0, kv_config), 1.5, 3000.0)[0] == "kernel latency"
+
+
+def test_gpu_plots_are_all_written(gpu_report, tmp_path):
+    written = report.write_report(gpu_report, tmp_path)
+    names = {path.name for path in written}
+    assert {"fused_vs_two_step.png", "bandwidth.png", "speedup_verify_ballot.png",
+            "speedup_verify_pack_ballot-pack_torch.png", "latency_vs_gamma_verify_pack.png"} <= names
+    assert all(path.stat().st_size > 5000 for path in written if path.suffix == ".png")
+
+
+def test_impl_and_where_filters(gpu_results):
+    built = report.build_report([gpu_results], [report.parse_where("gamma=128"), report.parse_where("b<=4")],
+                                impls=["ballot"])
+    latency = _table(built, "Median latency")
+    assert set(_column(latency, "impl")) == {"ballot"}
+    assert all("b=4 γ=128" in label for label in _column(latency, "config"))
+    assert _column(latency, "vs torch_eager")[0] == f"{200 / 19.5:.2f}×"  # the baseline still counts
+
+
+@pytest.mark.parametrize("text, column, operator, value", [
+    ("gamma=128", "gamma", "=", "128"), ("alpha >= 0.5", "alpha", ">=", "0.5"), ("impl!=naive,ballot", "impl", "!=", "naive,ballot"),
+    ("kv==2048", "kv_dim", "=", "2048"),
+])
+def test_parse_where(text, column, operator, value):
+    where = report.parse_where(text)
+    assert (where.column, where.operator, where.value) == (column, operator, value)
+
+
+# --- compare -------------------------------------------------------------------------------------
+def _compare_pair(tmp_path, factor: float) -> list:
+    def slower(op, impl, config):
+        return factor if (op, impl, config["batch_size"], config["gamma"]) == ("verify", "ballot", 32, 128) else 1.0
+
+    a = synthetic_results.write(tmp_path / "a.parquet", synthetic_results.make_rows(seed=1, run_id="a"))
+    b = synthetic_results.write(tmp_path / "b.parquet", synthetic_results.make_rows(seed=2, run_id="b", scale=slower))
+    found, _ = compare.compare([a], [b], n_boot=400)
+    return found
+
+
+def test_compare_flags_a_planted_2x_regression_and_nothing_else(tmp_path):
+    found = _compare_pair(tmp_path, 2.0)
+    flagged = [c for c in found if c.verdict != "no change"]
+    assert flagged and all(c.verdict == "slower" and c.get("impl") == "ballot" for c in flagged)
+    assert {(c.get("batch_size"), c.get("gamma")) for c in flagged} == {(32, 128)}
+    assert len(flagged) == 3 * 3  # three α × three views
+    assert all(c.low > 1.8 for c in flagged)
+
+
+def test_compare_does_not_flag_a_2_percent_change(tmp_path):
+    found = _compare_pair(tmp_path, 1.02)
+    assert all(c.verdict == "no change" for c in found)
+
+
+def test_compare_cli(tmp_path):
+    found = _compare_pair(tmp_path, 2.0)
+    assert found
+    result = runner.invoke(app, ["report", "--compare", str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet"),
+                                 "--where", "op=verify", "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    assert "9 slower" in result.output
+    assert (tmp_path / "cmp" / "compare.md").read_text().count("| slower |") == 9
+
+
+# --- errors ---------------------------------------------------------------------------------------
+def _error(args) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 or lines[0].startswith("error:"), result.output
+    return result.output
+
+
+def test_error_missing_file(tmp_path):
+    assert "no such file or folder" in _error(["report", str(tmp_path / "nope.parquet")])
+
+
+def test_error_not_parquet(tmp_path):
+    bad = tmp_path / "x.parquet"
+    bad.write_text("hello")
+    assert "is not a parquet file" in _error(["report", str(bad)])
+
+
+def test_error_not_sdbench_parquet(tmp_path):
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"a": [1, 2]}), other)
+    assert "is not sdbench results (missing columns" in _error(["report", str(other)])
+
+
+def test_error_schema_version_mismatch(tmp_path):
+    table = pq.read_table(FIXTURE)
+    index = table.column_names.index("schema_version")
+    table = table.set_column(index, "schema_version", pa.array([99] * table.num_rows, pa.int32()))
+    pq.write_table(table, tmp_path / "future.parquet")
+    assert "has results schema version 99; this sdbench reads version 1" in _error(["report", str(tmp_path)])
+
+
+def test_error_empty_filter_lists_the_values():
+    output = _error(["report", str(FIXTURE), "--where", "gamma=999"])
+    assert "no timed rows match --where gamma=999 (gamma takes 8, 64, 128)" in output
+
+
+def test_error_bad_where_and_unknown_column_and_impl():
+    assert "expected COLUMN OP VALUE" in _error(["report", str(FIXTURE), "--where", "gamma"])
+    assert "did you mean 'gamma'" in _error(["report", str(FIXTURE), "--where", "gama=8"])
+    assert "is an integer" in _error(["report", str(FIXTURE), "--where", "gamma=big"])
+    assert "--impl 'balot' is not in these results" in _error(["report", str(FIXTURE), "--impl", "balot"])
+
+
+def test_error_empty_folder_and_compare_arity(tmp_path):
+    assert "holds no .parquet files" in _error(["report", str(tmp_path)])
+    assert "exactly two results" in _error(["report", "--compare", str(FIXTURE)])
+
+
+def test_report_cli_prints_tables_and_writes_out(tmp_path):
+    result = runner.invoke(app, ["report", str(FIXTURE), "--out", str(tmp_path / "r"), "--max-rows", "5"])
+    assert result.exit_code == 0, result.output
+    assert "Median latency per implementation" in result.output and "serial_triton" in result.output
+    assert (tmp_path / "r" / "report.html").is_file()
+
+
+def test_missing_polars_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "polars", None)
+    with pytest.raises(SdbenchError, match="polars is needed for reports: pip install polars"):
+        report.build_report([FIXTURE])
+
+
+def test_import_sdbench_never_imports_polars():
+    code = ("import sys, sdbench, sdbench.cli, sdbench.commands.report, sdbench.commands.calibrate_tau, sdbench.dispatch, sdbench.api; "
+            "sdbench.verify; sys.exit('polars' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_prob_roofline_compares_gpu_time_with_the_read_floor(tmp_path):
+    """Planted: 3 MB read in 2.5 µs (meets 1.5 × 1 µs + 3) and in 9 µs (misses it) at 3000 GB/s."""
+    models = {("prob_verify", "fused"): lambda c, v: {"wall": 25.0, "graph": 12.0, "gpu": 2.5}[v],
+              ("prob_verify", "torch_eager"): lambda c, v: {"wall": 200.0, "graph": 30.0, "gpu": 9.0}[v]}
+    rows = synthetic_results.make_rows(models, batch_sizes=(32,), gammas=(8,), alphas=(0.6,), kv_dims=(0,))
+    for row in rows:
+        if row["impl"] != "launch_floor":
+            row["bytes_moved"] = 3_000_000
+            row["achieved_gbps"] = 3_000_000 / (row["median_us"] * 1e3)
+    path = synthetic_results.write(tmp_path / "prob.parquet", rows)
+    table = next(t for t in report.build_report([path], ceiling_gbps=3000.0).tables if "roofline" in t.title)
+    by_impl = {row[1]: row for row in table.rows}
+    assert by_impl["fused"][3] == "1.00" and by_impl["fused"][-1] == "yes"
+    assert by_impl["torch_eager"][-1] == "no"

@@ -1,0 +1,310 @@
+"""The sweep on the CPU: grids and presets, exact shards, interrupt + resume, parquet rows, CLI errors."""
+
+from collections import Counter
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from sdbench import registry
+from sdbench.cli import app
+from sdbench.commands import sweep
+from sdbench.errors import SdbenchError
+from sdbench.measure import results
+from sdbench.ops.workload import VerifyConfig
+
+# Tiny iteration counts: these tests check bookkeeping, not speed.
+FAST = {"device": "cpu", "warmup": 1, "iters": 3}
+
+
+def _spec(tmp_path, **changes):
+    return sweep.build_spec(**{"batch_sizes": [1, 4], "gammas": [8, 33], "alphas": [0.3, 0.9],
+                               "impls": ["torch_eager"], "out_dir": tmp_path, **FAST, **changes})
+
+
+def _keys(folder):
+    return [results.config_key(row) for row in results.read_rows(folder) if row["impl"] == "torch_eager"]
+
+
+# --- grids -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("preset", "size", "op"), [
+    ("main", 36, "verify"), ("gamma-sensitivity", 12, "verify"), ("fused", 32, "verify_pack"), ("quick", 8, "verify"),
+    ("scale", 40, "verify"),
+])
+def test_presets(preset, size, op):
+    spec = sweep.build_spec(preset)
+    assert spec.op == op and len(sweep.grid(spec)) == size
+
+
+def test_defaults_are_the_main_grid():
+    assert sweep.grid(sweep.SweepSpec()) == sweep.grid(sweep.build_spec("main"))
+    assert max(sweep.build_spec("scale").batch_sizes) == 4096 and max(sweep.build_spec("scale").gammas) == 1024
+
+
+def test_options_override_a_preset():
+    spec = sweep.build_spec("fused", gammas=[4], kv_dims=None)
+    assert spec.gammas == (4,) and spec.kv_dims == (128, 512, 1024, 2048) and spec.op == "verify_pack"
+
+
+def test_kv_ops_default_to_the_published_kv_widths():
+    assert {cfg.kv_dim for cfg in sweep.grid(sweep.build_spec(op="pack"))} == {128, 512, 1024, 2048}
+    assert {cfg.kv_dim for cfg in sweep.grid(sweep.SweepSpec())} == {0}
+
+
+def test_seed_does_not_depend_on_grid_position():
+    assert {cfg.seed for cfg in sweep.grid(sweep.build_spec("main", seed=7))} == {7}
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 7, 36, 40])
+def test_shards_partition_the_grid_exactly(count):
+    configs = sweep.grid(sweep.SweepSpec())
+    shards = [sweep.shard(configs, index, count) for index in range(count)]
+    flat = [cfg for part in shards for cfg in part]
+    assert sorted(flat, key=repr) == sorted(configs, key=repr)
+    assert len(flat) == len(set(flat)) == len(configs)
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@pytest.mark.parametrize(("text", "expected"), [("0/1", (0, 1)), ("3/4", (3, 4)), (" 1/2", (1, 2))])
+def test_parse_shard(text, expected):
+    assert sweep.parse_shard(text) == expected
+
+
+@pytest.mark.parametrize("text", ["4/4", "-1/4", "1/0", "x", "1", "1/2/3", "a/b"])
+def test_parse_shard_rejects(text):
+    with pytest.raises(SdbenchError, match="--shard"):
+        sweep.parse_shard(text)
+
+
+# --- running -----------------------------------------------------------------------------------
+def test_cpu_sweep_writes_one_row_per_config_impl_and_view(tmp_path):
+    summary = sweep.run_sweep(_spec(tmp_path, impls=()))
+    assert summary.measured == 8 and not summary.interrupted and len(summary.parts) == 8
+    rows = results.read_rows(tmp_path)
+    counts = Counter((results.config_key(row), row["impl"], row["view"]) for row in rows)
+    assert set(counts.values()) == {1}
+    impls = {row["impl"] for row in rows}
+    assert {"torch_eager", "torch_compile", "launch_floor"} <= impls
+    for row in rows:
+        assert row["view"] == "cpu" and row["device"] == "cpu" and row["run_id"] == summary.run_id
+        assert row["torch_version"] == torch.__version__ and row["gpu_name"] is None
+        if row["impl"] == "torch_eager":
+            assert row["status"] == "ok" and len(row["samples_us"]) == 3 and row["median_us"] > 0
+            assert row["is_peer"] and row["mean_accepted_length"] is not None
+        elif row["impl"] == "torch_compile":
+            assert row["status"] == "unavailable" and "CUDA" in row["reason"]
+        elif row["impl"] == "launch_floor":
+            assert row["status"] == "unavailable" and row["median_us"] is None
+    assert summary.median_of_medians("torch_eager", "cpu") > 0
+    assert summary.statuses["torch_eager"] == {"ok": 8}
+
+
+def test_realised_acceptance_and_kv_bytes_are_recorded(tmp_path):
+    spec = _spec(tmp_path, op="verify_pack", kv_dims=[8], batch_sizes=[5], gammas=[16], alphas=[0.6])
+    sweep.run_sweep(spec)
+    (row,) = [r for r in results.read_rows(tmp_path) if r["impl"] == "torch_eager"]
+    from sdbench.ops.workload import make_verify_workload
+
+    workload = make_verify_workload(sweep.grid(spec)[0], "cpu")
+    accepted = int(workload.accepted_lengths.sum())
+    assert row["mean_accepted_length"] == pytest.approx(accepted / 5)
+    assert row["accepted_kv_bytes"] == accepted * 8 * 2  # float16
+    assert row["bytes_moved"] == 2 * row["accepted_kv_bytes"]
+    assert row["achieved_gbps"] == pytest.approx(row["bytes_moved"] / (row["median_us"] * 1e3))
+    assert row["syncs"] is True
+
+
+def test_interrupted_sweep_keeps_its_parts_and_resume_completes_it(tmp_path):
+    stop_after = 3
+
+    def interrupt(update: sweep.SweepProgress):
+        if update.done == stop_after and update.current is None:
+            raise KeyboardInterrupt
+
+    first = sweep.run_sweep(_spec(tmp_path, run_id="first"), progress=interrupt)
+    assert first.interrupted and first.measured == stop_after and first.remaining == 5
+    assert len(list(tmp_path.glob("part-*.parquet"))) == stop_after
+    assert not list(tmp_path.glob("*.tmp"))
+
+    second = sweep.run_sweep(_spec(tmp_path, run_id="second", resume=True))
+    assert not second.interrupted and second.skipped == stop_after and second.measured == 5
+    keys = _keys(tmp_path)
+    assert len(keys) == len(set(keys)) == 8
+
+    third = sweep.run_sweep(_spec(tmp_path, resume=True))
+    assert third.measured == 0 and third.skipped == 8
+    assert len(_keys(tmp_path)) == 8
+
+
+def test_shards_into_one_folder_cover_the_grid_once(tmp_path):
+    for index in range(3):
+        sweep.run_sweep(_spec(tmp_path, shard_index=index, shard_count=3, run_id="sharded"))
+    keys = _keys(tmp_path)
+    assert len(keys) == len(set(keys)) == 8
+    assert {row["run_id"] for row in results.read_rows(tmp_path)} == {"sharded"}
+
+
+def test_failed_parity_is_recorded_and_not_timed(tmp_path, monkeypatch):
+    def wrong(w):
+        return lambda: {"accepted_lengths": w.accepted_lengths + 1}
+
+    impl = registry.Implementation(op="verify", name="off_by_one", backend="torch", description="",
+                                   devices=("cpu",), prepare=wrong)
+    monkeypatch.setitem(registry._REGISTRY, impl.key, impl)
+    sweep.run_sweep(_spec(tmp_path, impls=["off_by_one", "torch_eager"], batch_sizes=[4], gammas=[8], alphas=[0.9]))
+    by_impl = {row["impl"]: row for row in results.read_rows(tmp_path)}
+    assert by_impl["off_by_one"]["status"] == "failed" and "accepted_lengths" in by_impl["off_by_one"]["reason"]
+    assert by_impl["off_by_one"]["samples_us"] == [] and by_impl["off_by_one"]["median_us"] is None
+    assert by_impl["torch_eager"]["status"] == "ok"
+
+
+def test_prob_verify_without_implementations_is_a_clean_error(monkeypatch):
+    original = registry.implementations
+    monkeypatch.setattr(registry, "implementations", lambda op=None: [] if op == "prob_verify" else original(op))
+    with pytest.raises(SdbenchError, match="prob_verify"):
+        sweep.check_op_available("prob_verify")
+
+
+def test_prob_verify_without_workloads_is_a_clean_error(monkeypatch):
+    fake = registry.Implementation(op="prob_verify", name="fake", backend="torch", description="",
+                                   devices=("cpu",), prepare=lambda w: None)
+    monkeypatch.setattr(registry, "implementations", lambda op=None: [fake])
+
+    def not_yet(op, cfg, device):
+        raise SdbenchError("prob_verify workloads are not implemented yet")
+
+    monkeypatch.setattr(sweep, "make_workload", not_yet)
+    with pytest.raises(SdbenchError, match="cannot be swept here yet"):
+        sweep.check_op_available("prob_verify")
+
+
+def test_prob_verify_grid_sweeps_vocab_and_prob_dtype():
+    spec = sweep.build_spec(op="prob_verify", vocab_sizes=[32000, 128256], prob_dtypes=["float32", "bfloat16"],
+                            batch_sizes=[32], gammas=[8], alphas=[0.5])
+    configs = sweep.grid(spec)
+    assert {(c.vocab_size, c.prob_dtype) for c in configs} == {
+        (32000, "float32"), (32000, "bfloat16"), (128256, "float32"), (128256, "bfloat16"),
+    }
+    assert sweep.config_columns("prob_verify", "cuda", configs[1])["kv_dtype"] == configs[1].prob_dtype
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"op": "verfy"}, "did you mean 'verify'"),
+    ({"kv_dims": [128]}, "moves no KV"),
+    ({"op": "pack", "kv_dims": [0]}, "kv_dim must be >= 1"),
+    ({"dist": "fixed"}, "--dist"),
+    ({"impls": ["torch_eagr"]}, "did you mean 'torch_eager'"),
+    ({"gammas": [0]}, "gamma"),
+    ({"alphas": [1.5]}, "alpha"),
+    ({"iters": 0}, "--iters"),
+    ({"device": "tpu"}, "--device"),
+])
+def test_bad_specs_are_refused_before_anything_runs(tmp_path, changes, message):
+    with pytest.raises(SdbenchError, match=message):
+        sweep.run_sweep(_spec(tmp_path, **changes))
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+def test_unknown_preset_suggests():
+    with pytest.raises(SdbenchError, match="did you mean 'gamma-sensitivity'"):
+        sweep.build_spec("gamma-sensitvity")
+
+
+def test_configs_are_validated_objects():
+    assert all(isinstance(cfg, VerifyConfig) for cfg in sweep.grid(sweep.build_spec("quick")))
+
+
+# --- the command line --------------------------------------------------------------------------
+runner = CliRunner()
+
+
+def _invoke(*args):
+    return runner.invoke(app, ["sweep", *args])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--gamma", "8,x"], "--gamma: 'x' is not an integer"),
+    (["--gamma", "0"], "--gamma: 0 is below the minimum 1"),
+    (["--b", "0,4"], "--b: 0 is below the minimum 1"),
+    (["--alpha", "0.3,1.2"], "--alpha: 1.2 is outside [0.0, 1.0]"),
+    (["--alpha", "-0.1"], "--alpha: -0.1 is outside"),
+    (["--impl", "torch_eagr"], "did you mean 'torch_eager'"),
+    (["--shard", "4/4"], "--shard"),
+    (["--shard", "two/4"], "--shard"),
+    (["--preset", "quik"], "did you mean 'quick'"),
+    (["--op", "verify", "--kv-dim", "128"], "moves no KV"),
+    (["--dist", "uniform"], "--dist"),
+])
+def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, args, message):
+    result = _invoke(*args, "--device", "cpu", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_cli_cuda_without_a_gpu_says_use_cpu(tmp_path):
+    result = _invoke("--device", "cuda", "--out", str(tmp_path))
+    assert result.exit_code == 2 and "--device cpu" in result.output
+
+
+def test_cli_quick_sweep_on_cpu_writes_parquet_and_a_summary(tmp_path):
+    out = tmp_path / "quick"
+    result = _invoke("--preset", "quick", "--device", "cpu", "--warmup", "0", "--iters", "2", "--out", str(out),
+                     "--impl", "torch_eager", "--run-id", "ci")
+    assert result.exit_code == 0, result.output
+    assert "torch_eager" in result.output and "cpu µs" in result.output
+    rows = results.read_rows(out)
+    assert {row["run_id"] for row in rows} == {"ci"}
+    assert len({results.config_key(row) for row in rows}) == 8
+
+    again = _invoke("--preset", "quick", "--device", "cpu", "--iters", "2", "--out", str(out), "--resume",
+                    "--impl", "torch_eager")
+    assert again.exit_code == 0 and "8 already present" in " ".join(again.output.split())
+    assert len(results.read_rows(out)) == len(rows)
+
+
+def test_prob_verify_sweep_records_acceptance_and_roofline_bytes(tmp_path):
+    spec = sweep.build_spec(op="prob_verify", impls=["torch_eager"], batch_sizes=[4], gammas=[4], alphas=[0.6],
+                            vocab_sizes=[64], out_dir=tmp_path, **FAST)
+    sweep.run_sweep(spec)
+    (row,) = [r for r in results.read_rows(tmp_path) if r["impl"] == "torch_eager"]
+    assert row["status"] == "ok" and row["vocab_size"] == 64 and row["kv_dtype"] == "float32"
+    assert 0.0 <= row["mean_accepted_length"] <= 4.0
+    assert row["bytes_moved"] > 0 and row["achieved_gbps"] > 0
+
+
+def test_trace_and_fixed_distributions_have_clear_cli_errors(tmp_path):
+    from typer.testing import CliRunner
+
+    from sdbench.cli import app
+
+    runner = CliRunner()
+    base = ["sweep", "--device", "cpu", "--b", "2", "--gamma", "4", "--alpha", "0.5", "--out", str(tmp_path / "r")]
+    missing = runner.invoke(app, [*base, "--dist", "trace", "--trace", str(tmp_path / "nope.txt")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    long_trace = tmp_path / "long.txt"
+    long_trace.write_text("1 2 9\n")
+    too_long = runner.invoke(app, [*base, "--dist", "trace", "--trace", str(long_trace)])
+    assert too_long.exit_code == 2 and "length 9 outside [0, gamma=4]" in too_long.output
+    no_file = runner.invoke(app, [*base, "--dist", "trace"])
+    assert no_file.exit_code == 2 and "--trace PATH" in no_file.output
+    no_k = runner.invoke(app, [*base, "--dist", "fixed"])
+    assert no_k.exit_code == 2 and "--fixed-length" in no_k.output
+    for result in (missing, too_long, no_file, no_k):
+        assert "Traceback" not in result.output
+
+
+def test_trace_distribution_sweeps_on_cpu(tmp_path):
+    from typer.testing import CliRunner
+
+    from sdbench.cli import app
+
+    trace = tmp_path / "lengths.txt"
+    trace.write_text("0 2 4 4\n")
+    result = CliRunner().invoke(app, ["sweep", "--device", "cpu", "--b", "3", "--gamma", "4", "--alpha", "0.5",
+                                      "--dist", "trace", "--trace", str(trace), "--iters", "3", "--warmup", "1",
+                                      "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert list((tmp_path / "r").glob("part-*trace*.parquet"))

@@ -1,0 +1,176 @@
+"""Timing engine on the CPU: statistics on synthetic samples, round-robin order, failures, CUPTI attribution."""
+
+import math
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from sdbench.measure import timing
+from sdbench.ops.launch_floor import launch_floor
+
+# Exact arithmetic on small synthetic lists: compare to 1e-12 relative.
+REL = 1e-12
+
+
+@pytest.mark.parametrize("samples", [[5.0], [3.0, 1.0], [1.0, 2.0, 3.0, 4.0], list(np.linspace(1, 7, 13)),
+                                     [9.0, 1.0, 4.0, 4.0, 100.0, 2.5]])
+@pytest.mark.parametrize("q", [0.0, 25.0, 50.0, 95.0, 100.0])
+def test_percentile_matches_numpy_linear(samples, q):
+    assert timing.percentile(samples, q) == pytest.approx(float(np.percentile(samples, q)), rel=REL)
+
+
+def test_summarize_one_to_hundred():
+    stats = timing.summarize([float(x) for x in range(100, 0, -1)])  # unsorted on purpose
+    assert stats.median_us == 50.5
+    assert stats.p95_us == pytest.approx(95.05, rel=REL)
+    assert stats.min_us == 1.0
+    assert stats.mean_us == 50.5
+    assert stats.std_us == pytest.approx(math.sqrt(sum((x - 50.5) ** 2 for x in range(1, 101)) / 99), rel=REL)
+
+
+def test_summarize_single_sample_has_zero_spread():
+    assert timing.summarize([7.5]) == timing.Stats(7.5, 7.5, 7.5, 7.5, 0.0)
+
+
+def test_summarize_outlier_moves_mean_not_median():
+    stats = timing.summarize([10.0] * 9 + [1000.0])
+    assert stats.median_us == 10.0 and stats.min_us == 10.0
+    assert stats.mean_us == 109.0
+    assert stats.p95_us == pytest.approx(10.0 + 0.55 * 990.0, rel=REL)
+
+
+def test_summarize_nothing_is_none():
+    assert timing.summarize([]) is None
+    with pytest.raises(ValueError):
+        timing.percentile([], 50.0)
+
+
+def test_cpu_view_is_round_robin_with_rotating_start():
+    calls = []
+    callables = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    results = timing.measure(callables, "cpu", timing.TimingOptions(warmup=1, iters=3))
+    assert calls == list("abc" "bca" "cab" "abc")  # 1 warm-up round + 3 timed, start rotating
+    for name in "abc":
+        assert results[name]["cpu"].status == "ok"
+        assert len(results[name]["cpu"].samples_us) == 3
+        assert all(sample >= 0.0 for sample in results[name]["cpu"].samples_us)
+
+
+def test_cpu_view_measures_the_slow_callable_slower():
+    def slow():
+        torch.ones(200_000).cumsum(0)
+
+    results = timing.measure({"fast": lambda: None, "slow": slow}, "cpu", timing.TimingOptions(warmup=2, iters=20))
+    assert results["slow"]["cpu"].stats.median_us > results["fast"]["cpu"].stats.median_us
+
+
+def test_a_raising_callable_is_an_error_and_the_others_go_on():
+    def broken():
+        raise RuntimeError("illegal memory access\nsecond line")
+
+    results = timing.measure({"ok": lambda: None, "broken": broken}, "cpu", timing.TimingOptions(warmup=0, iters=5))
+    assert results["broken"]["cpu"].status == "error"
+    assert results["broken"]["cpu"].reason == "raised RuntimeError: illegal memory access"
+    assert results["broken"]["cpu"].stats is None
+    assert len(results["ok"]["cpu"].samples_us) == 5
+
+
+def test_cold_l2_flushes_before_every_call(monkeypatch):
+    log = []
+    monkeypatch.setattr(timing, "l2_flush", lambda device: lambda: log.append("flush"))
+    callables = {name: (lambda name=name: log.append(name)) for name in "ab"}
+    timing.measure(callables, "cpu", timing.TimingOptions(warmup=1, iters=2, cold_l2=True))
+    assert log == ["flush", "a", "flush", "b", "flush", "b", "flush", "a", "flush", "a", "flush", "b"]
+
+
+def test_cpu_l2_flush_writes_a_large_buffer():
+    timing.l2_flush("cpu")()  # runs; its size is a constant checked here
+    assert timing.CPU_FLUSH_BYTES >= 32 * 2**20
+
+
+def test_views_per_device():
+    assert timing.views_for("cpu") == ("cpu",)
+    assert timing.views_for("cuda") == ("wall", "graph", "gpu")
+    assert timing.views_for("cuda", timing.TimingOptions(views=("gpu", "wall"))) == ("wall", "gpu")
+    with pytest.raises(ValueError):
+        timing.views_for("cpu", timing.TimingOptions(views=("wall",)))
+
+
+@pytest.mark.parametrize("bad", [{"iters": 0}, {"warmup": -1}, {"gpu_iters": 0}])
+def test_options_reject_nonsense(bad):
+    with pytest.raises(ValueError):
+        timing.TimingOptions(**bad)
+
+
+def test_launch_floor_on_cpu_is_absent_with_a_reason():
+    floor = launch_floor("cpu")
+    assert floor.run is None and "CPU" in floor.reason
+
+
+# --- CUPTI attribution, on synthetic kineto events ----------------------------------------------
+CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+
+def _event(name, device, start, duration, correlation=0, linked=0):
+    return SimpleNamespace(
+        name=lambda: name, device_type=lambda: device, start_ns=lambda: start, end_ns=lambda: start + duration,
+        duration_ns=lambda: duration, correlation_id=lambda: correlation, linked_correlation_id=lambda: linked,
+    )
+
+
+def test_device_time_is_summed_per_annotation():
+    """Event layout as recorded on an H100 (torch 2.11): a device event shares its correlation id
+    with the runtime/driver call that launched it; a Triton launch (cuLaunchKernelEx) has no torch
+    op around it, so its link is 0, and a CPU event with correlation 0 exists too."""
+    mark = timing._MARK
+    events = [
+        _event("Activity Buffer Request", CPU, 10, 5, correlation=0),
+        _event(f"{mark}0:0", CPU, 1_000, 500, correlation=1),
+        _event("sdbench::verify_ballot", CPU, 1_100, 100, correlation=2),
+        _event("cudaLaunchKernel", CPU, 1_150, 20, correlation=21, linked=2),
+        _event("ballot_kernel", CUDA, 1_400, 2_000, correlation=21, linked=2),  # runs after its annotation ended
+        _event(f"{mark}0:0", CUDA, 1_400, 2_000, correlation=1),  # GPU-side copy of the annotation
+        _event("cuLaunchKernelEx", CPU, 1_200, 10, correlation=13),
+        _event("triton_kernel", CUDA, 3_450, 1_000, correlation=13),  # Triton: no linked op
+        _event("cudaLaunchKernel", CPU, 5_000, 20, correlation=30),  # the L2 flush, between iterations
+        _event("flush_kernel", CUDA, 5_050, 9_000, correlation=30),
+        _event(f"{mark}1:0", CPU, 20_000, 500, correlation=4),
+        _event("orphan_kernel", CUDA, 20_600, 300, correlation=99),  # no launch call seen: own start time
+    ]
+    totals, device_events = timing._device_time_per_annotation(events)
+    assert totals == {(0, 0): 3.0, (1, 0): 0.3}
+    assert device_events == 4
+
+
+def test_cupti_teardown_is_scoped_to_the_gpu_view_session(monkeypatch):
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    with timing._cupti_torn_down_after():
+        assert os.environ["TEARDOWN_CUPTI"] == "1"
+    assert "TEARDOWN_CUPTI" not in os.environ
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # the user's explicit choice wins
+    with timing._cupti_torn_down_after():
+        assert os.environ["TEARDOWN_CUPTI"] == "0"
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
+
+
+def test_gpu_view_runs_a_silent_profiler_session_again(monkeypatch):
+    """A session that records no device activity (CUPTI re-attaching) is retried, not reported as 0 µs."""
+    sessions = []
+
+    def fake_session(callables, device, options, flush, results):
+        sessions.append(1)
+        if len(sessions) == 1:
+            return {}, 0, 2
+        return {(0, 0): 1.5, (0, 1): 2.5}, 2, 2
+
+    monkeypatch.setattr(timing, "_profile_session", fake_session)
+    monkeypatch.setattr(timing, "CUPTI_RETRY_PAUSE_S", 0.0)
+    result = timing._measure_gpu({"k": lambda: None}, "cuda", timing.TimingOptions(iters=2, gpu_iters=2), None)
+    assert len(sessions) == 2 and result["k"].samples_us == [1.5, 2.5]
+    sessions.clear()
+    monkeypatch.setattr(timing, "_profile_session", lambda *a: (sessions.append(1), ({}, 0, 2))[1])
+    result = timing._measure_gpu({"k": lambda: None}, "cuda", timing.TimingOptions(iters=2, gpu_iters=2), None)
+    assert len(sessions) == timing.CUPTI_ATTEMPTS and result["k"].status == "unavailable"

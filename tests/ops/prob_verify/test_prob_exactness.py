@@ -1,0 +1,189 @@
+"""Exactness in distribution: Leviathan rejection sampling emits tokens distributed exactly as p.
+
+Method. For fixed p [γ+1, V] and q [γ, V] at small V, one call verifies N = 10^5 independent
+sequences (the rounds); the draft tokens are drawn from q, the randomness is fresh per sequence.
+Pearson's χ² goodness of fit (cells with expected count < 5 pooled; p-value = Q(dof/2, χ²/2) via
+torch.special.gammaincc) checks:
+  (a) the first emitted token ~ p_0;
+  (b) the acceptance rate of position 0 = Σ_x min(p_0, q_0) (two cells, accepted / rejected);
+  (c) the chain: the second emitted token among sequences that accepted position 0 ~ p_1, and the
+      bonus token among sequences that accepted everything ~ p_γ.
+Significance: a check passes when its p-value > 1e-3. Seeds are fixed, so the suite is
+deterministic; a correct sampler would fail one check with probability 1e-3 per fresh seed. Each
+deliberately wrong variant (residual drawn from p; accept ratio inverted to q/p; residual sampled
+by an inverse CDF that forgets to normalise) gives p-values far below 1e-3 on the same check, so
+the check can fail. The float32 reference runs here; the Triton kernels (supplied and fast
+randomness) run the same checks on the GPU (tests/gpu/test_prob_gpu.py) — under the CPU
+interpreter 10^5 programs would take hours, and supplied-mode token parity with this reference
+(tests/test_prob_triton.py) carries the guarantee over to them on CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sdbench import registry
+from sdbench.ops.prob_verify import reference
+from sdbench.ops.prob_verify.workload import decode_probs, prob_workload_from_distributions
+from sdbench.ops.workload import VerifyConfig
+
+ROUNDS = 100_000
+SIGNIFICANCE = 1e-3
+VOCAB = 16
+GAMMA = 2
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """P(χ² >= observed) for counts against probs (renormalised); cells expected < 5 are pooled."""
+    counts = counts.double().cpu()
+    probs = probs.double().cpu()
+    expected = probs / probs.sum() * counts.sum()
+    if bool(((expected == 0) & (counts > 0)).any()):
+        return 0.0  # a token the distribution cannot produce
+    small = expected < 5
+    if bool(small.any()):
+        counts = torch.cat([counts[~small], counts[small].sum()[None]])
+        expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = expected > 0
+    counts, expected = counts[keep], expected[keep]
+    statistic = ((counts - expected) ** 2 / expected).sum()
+    dof = counts.numel() - 1
+    if dof < 1:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic / 2))
+
+
+def token_counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(tokens.long().cpu(), minlength=vocab)
+
+
+def fixed_distributions(vocab: int = VOCAB, gamma: int = GAMMA, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """p [γ+1, V]: softmaxes of N(0, 1.5²) logits; q [γ, V] = (p + r) / 2 with r an independent such
+    softmax, so Σ min(p, q) is ~0.55 and every check (including the bonus) sees ~10^4 draws."""
+    gen = torch.Generator().manual_seed(seed)
+    p = (torch.randn((gamma + 1, vocab), generator=gen, dtype=torch.float64) * 1.5).softmax(-1)
+    r = (torch.randn((gamma, vocab), generator=gen, dtype=torch.float64) * 1.5).softmax(-1)
+    return p.float(), ((p[:gamma] + r) / 2).float()
+
+
+def exactness_pvalues(outputs: dict[str, torch.Tensor], p: torch.Tensor, q: torch.Tensor) -> dict[str, float]:
+    """The p-values of checks (a), (b), (c) for one batch of outputs over the same p, q."""
+    gamma, vocab = q.shape
+    tokens, lengths = outputs["output_tokens"].cpu(), outputs["accepted_lengths"].cpu()
+    rounds = lengths.numel()
+    acceptance = torch.minimum(p[0], q[0]).sum().double()
+    accepted_first = int((lengths >= 1).sum())
+    pvalues = {
+        "first_token": chi_square_pvalue(token_counts(tokens[:, 0], vocab), p[0]),
+        "acceptance": chi_square_pvalue(torch.tensor([accepted_first, rounds - accepted_first]),
+                                        torch.stack([acceptance, 1 - acceptance])),
+    }
+    if gamma >= 1:
+        accepted = lengths >= 1
+        pvalues["second_token"] = chi_square_pvalue(token_counts(tokens[accepted, 1], vocab), p[1])
+        complete = lengths == gamma
+        pvalues["bonus_token"] = chi_square_pvalue(token_counts(tokens[complete, gamma], vocab), p[gamma])
+    return pvalues
+
+
+def make_rounds(p: torch.Tensor, q: torch.Tensor, rounds: int = ROUNDS, device: str = "cpu", seed: int = 1,
+                prob_dtype: str = "float32", logprobs: bool = False):
+    """A workload of `rounds` sequences that all share p and q."""
+    gamma, vocab = q.shape
+    cfg = VerifyConfig(rounds, gamma, vocab_size=vocab, seed=seed, prob_dtype=prob_dtype, logprobs=logprobs)
+    target = p.to(device).expand(rounds, -1, -1).contiguous()
+    draft = q.to(device).expand(rounds, -1, -1).contiguous()
+    return prob_workload_from_distributions(target, draft, cfg)
+
+
+def stored_distributions(w) -> tuple[torch.Tensor, torch.Tensor]:
+    """The p and q the sampler actually sees (after rounding to the stored dtype), as float32."""
+    return decode_probs(w.target_probs[0], w.config.logprobs), decode_probs(w.draft_probs[0], w.config.logprobs)
+
+
+def run_reference(w) -> dict[str, torch.Tensor]:
+    return reference.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs, w.uniforms, w.exponential_noise,
+                                 logprobs=w.config.logprobs)
+
+
+# --- deliberately wrong samplers (each changes the output distribution) --------------------------
+def _wrong_sampler(w, accept_ratio: str = "p/q", residual: str = "race"):
+    """Leviathan with one step broken: accept_ratio "q/p" inverts the test; residual "from_p" races
+    over p instead of max(0, p - q); residual "unnormalised_cdf" inverts the CDF of max(0, p - q)
+    with u instead of u·Σ max(0, p - q) (falling off the end to the last token)."""
+    p = decode_probs(w.target_probs, w.config.logprobs)
+    q = decode_probs(w.draft_probs, w.config.logprobs)
+    batch, gamma = w.draft_tokens.shape
+    tokens = w.draft_tokens.long()[:, :, None]
+    p_at, q_at = p[:, :gamma].gather(2, tokens).squeeze(2), q.gather(2, tokens).squeeze(2)
+    accepted = (w.uniforms * p_at < q_at) if accept_ratio == "q/p" else (w.uniforms * q_at < p_at)
+    lengths = accepted.long().cumprod(1).sum(1)
+    rows = torch.arange(batch)
+    p_row = p[rows, lengths]
+    q_row = torch.where((lengths < gamma)[:, None], q[rows, lengths.clamp(max=gamma - 1)], torch.zeros_like(p_row))
+    if residual == "from_p":
+        next_tokens = reference.prob_race(p_row, torch.zeros_like(p_row), w.exponential_noise)
+    elif residual == "unnormalised_cdf":
+        cdf = (p_row - q_row).clamp_min(0).cumsum(1)
+        u = torch.rand(batch, 1, generator=torch.Generator().manual_seed(9))
+        next_tokens = torch.searchsorted(cdf, u).squeeze(1).clamp(max=cdf.shape[1] - 1)
+    else:
+        next_tokens = reference.prob_race(p_row, q_row, w.exponential_noise)
+    return {"accepted_lengths": lengths, "next_tokens": next_tokens,
+            "output_tokens": reference.prob_output_tokens(w.draft_tokens, lengths, next_tokens)}
+
+
+@pytest.fixture(scope="module")
+def rounds_fp32():
+    p, q = fixed_distributions()
+    return make_rounds(p, q)
+
+
+# --- the χ² machinery itself ---------------------------------------------------------------------
+def test_chi_square_pvalue_matches_known_quantiles():
+    # χ²(1) has its 95th percentile at 3.841; χ²(10) at 18.307.
+    assert chi_square_pvalue(torch.tensor([50 + 3.841 ** 0.5 * 5, 50 - 3.841 ** 0.5 * 5]),
+                             torch.tensor([0.5, 0.5])) == pytest.approx(0.05, rel=1e-3)
+    statistic = torch.special.gammaincc(torch.tensor(5.0, dtype=torch.float64), torch.tensor(18.307 / 2))
+    assert float(statistic) == pytest.approx(0.05, rel=1e-3)
+    without_empty_cell = chi_square_pvalue(torch.tensor([10, 5]), torch.tensor([0.5, 0.5]))
+    assert chi_square_pvalue(torch.tensor([10, 0, 5]), torch.tensor([0.5, 0.0, 0.5])) == without_empty_cell
+    assert chi_square_pvalue(torch.tensor([10, 1, 5]), torch.tensor([0.5, 0.0, 0.5])) == 0.0  # impossible token
+
+
+# --- the reference is exact ----------------------------------------------------------------------
+@pytest.mark.parametrize("check", ["first_token", "acceptance", "second_token", "bonus_token"])
+def test_reference_is_exact(rounds_fp32, check):
+    p, q = stored_distributions(rounds_fp32)
+    assert exactness_pvalues(run_reference(rounds_fp32), p, q)[check] > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("prob_dtype,logprobs", [("float32", True), ("bfloat16", False), ("bfloat16", True)])
+def test_reference_is_exact_for_every_storage(prob_dtype, logprobs):
+    p, q = fixed_distributions(seed=3)
+    w = make_rounds(p, q, seed=4, prob_dtype=prob_dtype, logprobs=logprobs)
+    stored_p, stored_q = stored_distributions(w)  # exact w.r.t. what it was given, rounding included
+    pvalues = exactness_pvalues(run_reference(w), stored_p, stored_q)
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+
+
+def test_torch_eager_fast_mode_is_exact(rounds_fp32):
+    torch.manual_seed(11)  # fast mode draws from the default generator
+    outputs = registry.get("prob_verify", "torch_eager").prepare(rounds_fp32.with_randomness("fast"))()
+    pvalues = exactness_pvalues(outputs, *stored_distributions(rounds_fp32))
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+
+
+def test_the_correct_harness_variant_passes(rounds_fp32):
+    """The harness that builds the wrong variants is itself exact when nothing is broken."""
+    pvalues = exactness_pvalues(_wrong_sampler(rounds_fp32), *stored_distributions(rounds_fp32))
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+
+
+# --- ... and the test can fail -------------------------------------------------------------------
+@pytest.mark.parametrize("broken", [{"residual": "from_p"}, {"accept_ratio": "q/p"}, {"residual": "unnormalised_cdf"}],
+                         ids=["residual_from_p", "ratio_inverted", "residual_not_normalised"])
+def test_wrong_variants_fail_the_first_token_check(rounds_fp32, broken):
+    pvalue = exactness_pvalues(_wrong_sampler(rounds_fp32, **broken), *stored_distributions(rounds_fp32))["first_token"]
+    assert pvalue < SIGNIFICANCE
