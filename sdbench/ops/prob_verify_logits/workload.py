@@ -131,8 +131,37 @@ def make_logits_workload(cfg, device: str | torch.device = "cpu") -> LogitsWorkl
             q = (logits.float() * inverse).softmax(dim=1)
             sampled = torch.multinomial(q, 1, generator=gen).squeeze(1)
             draft_tokens[:, position] = torch.where(greedy[:, 0], logits.float().argmax(dim=1), sampled)
-    uniforms = torch.rand((batch, gamma), generator=gen, device=device)
-    noise = torch.empty((batch, vocab), device=device).exponential_(generator=gen)
+    return _finish_logits_workload(cfg, target, draft, draft_tokens, temperature, gen)
+
+
+def logits_workload_from_logits(target_logits: torch.Tensor, draft_logits: torch.Tensor,
+                                cfg: LogitsConfig) -> LogitsWorkload:
+    """A workload over given logits [B, γ+1, V] and [B, γ, V] (exactness tests): cfg's temperatures
+    (cycled), seed (drafts from q, randomness) and dtypes; its B, γ and V must match the tensors."""
+    batch, rows, vocab = target_logits.shape
+    if (batch, rows - 1, vocab) != (cfg.batch_size, cfg.gamma, cfg.vocab_size):
+        raise SdbenchError(f"target logits have shape {tuple(target_logits.shape)} but cfg says B={cfg.batch_size}, "
+                           f"gamma={cfg.gamma}, V={cfg.vocab_size} (they must be [B, gamma+1, V])")
+    if tuple(draft_logits.shape) != (batch, rows - 1, vocab):
+        raise SdbenchError(f"draft logits have shape {tuple(draft_logits.shape)}, expected {(batch, rows - 1, vocab)}")
+    device = target_logits.device
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    dtype = PROB_DTYPES[cfg.logits_dtype]
+    target, draft = target_logits.to(dtype).contiguous(), draft_logits.to(dtype).contiguous()
+    temperature = request_temperatures(cfg, device)
+    inverse = torch.where(temperature > 0, 1.0 / temperature.clamp_min(1e-30), 1.0)[:, None]
+    draft_tokens = torch.empty((batch, cfg.gamma), dtype=torch.int64, device=device)
+    for position in range(cfg.gamma):
+        logits = draft[:, position].float()
+        sampled = torch.multinomial((logits * inverse).softmax(dim=1), 1, generator=gen).squeeze(1)
+        draft_tokens[:, position] = torch.where(temperature == 0, logits.argmax(dim=1), sampled)
+    return _finish_logits_workload(cfg, target, draft, draft_tokens, temperature, gen)
+
+
+def _finish_logits_workload(cfg, target, draft, draft_tokens, temperature, gen) -> LogitsWorkload:
+    batch, gamma, vocab = cfg.batch_size, cfg.gamma, cfg.vocab_size
+    uniforms = torch.rand((batch, gamma), generator=gen, device=target.device)
+    noise = torch.empty((batch, vocab), device=target.device).exponential_(generator=gen)
     noise.clamp_min_(torch.finfo(torch.float32).tiny)
     return LogitsWorkload(
         config=cfg, draft_tokens=draft_tokens.to(TOKEN_DTYPES[cfg.token_dtype]), target_logits=target,
