@@ -413,7 +413,7 @@ def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE) ->
     """Enough splits per row that rows·splits >= target_programs (1 when the rows alone fill it)."""
     tiles = triton.cdiv(vocab, tile)
     wanted = max(1, min(tiles, triton.cdiv(target_programs, rows)))
-    span = triton.cdiv(tiles, wanted) * tile
+    span = max(1, tiles // wanted) * tile  # round the span down: at least `wanted` splits
     return StatsPlan(span=span, splits=triton.cdiv(vocab, span))
 
 
