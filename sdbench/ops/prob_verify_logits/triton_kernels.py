@@ -58,7 +58,8 @@ except ImportError:  # older Triton layouts
 TILE = 64 if INTERPRETED else 2048  # columns per step of a stats program (16 per thread at 4 warps)
 STATS_WARPS = 4
 STATS_PROGRAMS_PER_SM = 4  # pass 1 is a pure stream: several resident programs per SM hide latency
-NO_INDEX = 2**31 - 1
+NO_INDEX = tl.constexpr(2**31 - 1)  # globals a jit function reads must be constexpr
+RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
 
 
 @triton.jit
@@ -73,7 +74,7 @@ def _exp(x, PRECISE_MATH: tl.constexpr):
 def _inverse_temperature(temperature):
     """1/T rounded once to float32 (IEEE, as PyTorch's 1.0 / T); 1 for greedy rows (T = 0)."""
     safe = tl.where(temperature > 0, temperature, 1.0)
-    return tl.where(temperature > 0, tl.math.div_rn(1.0, safe), 1.0)
+    return tl.where(temperature > 0, tl.math.div_rn(tl.zeros_like(safe) + 1.0, safe), 1.0)
 
 
 # --- pass 1: per-row (max, Σexp, argmax) partials -----------------------------------------------
@@ -319,28 +320,34 @@ def _vllm_resample_kernel(
     target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, noise_ptr, stop_ptr, stop_stats_ptr, block_best_ptr,
     seed, offset, vocab, blocks,
     stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_e_b,
-    GAMMA: tl.constexpr, ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
+    GAMMA: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Grid (B, blocks): the block's best packed race key of row k (w/E; the Gumbel-max form
-    log w - log E orders the same) into block_best [B, blocks]."""
+    log w - log E orders the same) into block_best [B, blocks]. The BLOCK columns are swept 4·ROWS
+    at a time (a whole 8192-column tile of int64 keys per program would spill)."""
     b = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
-    start = block * (4 * ROWS)
-    cols = _chunk_columns(start, ROWS)
     k = tl.load(stop_ptr + b)
     stats = stop_stats_ptr + b * 6
     temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
-    best = tl.zeros([], tl.int64) - 1
+    best = tl.full([ROWS, 4], -1, tl.int64)
     if temperature_t != 0:
         draft_k = tl.minimum(k, GAMMA - 1)
-        noise = _race_noise(noise_ptr + b * stride_e_b, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
-        keys, _ = _row_keys(target_ptr + b * stride_p_b + k * stride_p_row,
-                            draft_ptr + b * stride_q_b + draft_k * stride_q_row, noise, cols, vocab, k < GAMMA,
-                            _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
-                            temperature_d == 0, tl.load(stats + 0), tl.load(stats + 1), tl.load(stats + 2),
-                            tl.load(stats + 3), tl.load(stats + 5).to(tl.int32, bitcast=True), PRECISE_MATH, FAST)
-        best = tl.max(tl.max(keys, axis=1), axis=0)
-    tl.store(block_best_ptr + b * blocks + block, best)
+        target_row = target_ptr + b * stride_p_b + k * stride_p_row
+        draft_row = draft_ptr + b * stride_q_b + draft_k * stride_q_row
+        inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
+        max_t, sum_t, max_d, sum_d = tl.load(stats + 0), tl.load(stats + 1), tl.load(stats + 2), tl.load(stats + 3)
+        arg_d = tl.load(stats + 5).to(tl.int32, bitcast=True)
+        for step in range(0, BLOCK, 4 * ROWS):
+            start = block * BLOCK + step
+            cols = _chunk_columns(start, ROWS)
+            noise = _race_noise(noise_ptr + b * stride_e_b, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH,
+                                FAST)
+            keys, _ = _row_keys(target_row, draft_row, noise, cols, vocab, k < GAMMA, inverse_t, inverse_d,
+                                temperature_d == 0, max_t, sum_t, max_d, sum_d, arg_d, PRECISE_MATH, FAST)
+            best = tl.maximum(best, keys)
+    tl.store(block_best_ptr + b * blocks + block, tl.max(tl.max(best, axis=1), axis=0))
 
 
 @triton.jit(do_not_specialize=["seed", "offset"])
@@ -498,12 +505,13 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
                  t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
     scan_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                      SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=precise, FAST=fast, num_warps=4)
-    rows = block // 4
+    rows = min(block // 4, RESAMPLE_ROWS)
     resample_args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.exponential_noise,
                      stop, stop_stats, block_best, seed, _offset(offset), vocab, plan.splits,
                      t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
                      t.draft_logits.stride(1), t.exponential_noise.stride(0))
-    resample_meta = dict(GAMMA=gamma, ROWS=rows, PRECISE_MATH=precise, FAST=fast, num_warps=8 if not INTERPRETED else 1)
+    resample_meta = dict(GAMMA=gamma, BLOCK=block, ROWS=rows, PRECISE_MATH=precise, FAST=fast,
+                         num_warps=4 if not INTERPRETED else 1)
     finish_args = (t.draft_tokens, t.target_logits, t.target_temperature, t.exponential_noise, stop, stop_stats,
                    block_best, outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"],
                    seed, _offset(offset), vocab, plan.splits, t.draft_tokens.stride(0), t.target_logits.stride(0),
