@@ -259,3 +259,12 @@ def test_block_mean_length_is_at_least_token_on_logits_workloads(draft_noise):
     gain, error = _paired_means(token, block)
     assert gain > -3 * error, (gain, error)
     assert reference.mean_accepted_length(block) >= reference.mean_accepted_length(token) - 3 * error
+
+
+def test_torch_eager_fast_mode_is_exact_per_temperature(rounds_mixed):
+    from sdbench import registry
+
+    torch.manual_seed(12)  # fast mode draws from the default generator
+    outputs = registry.get("prob_verify_logits", "torch_eager").prepare(rounds_mixed.with_randomness("fast"))()
+    pvalues = group_pvalues(outputs, rounds_mixed)
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues

@@ -145,3 +145,55 @@ def test_benchmark_grid_is_the_issues_grid():
     assert {c.batch_size for c in grid} == {1, 32, 128, 512} and {c.gamma for c in grid} == {4, 8, 16}
     assert {c.vocab_size for c in grid} == {32000, 128256, 151936} and {c.logits_dtype for c in grid} == {"bfloat16", "float32"}
     assert all(c.rule == "block" for c in benchmark_grid(rule="block"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_softmax_buffers_fill_the_reference_probabilities(dtype):
+    """The probability peers' softmax (preallocated, greedy rows one-hot) equals the definition."""
+    from sdbench.ops.prob_verify_logits.common import SoftmaxBuffers
+
+    w = make_logits_workload(LogitsConfig(6, 3, vocab_size=70, logits_dtype=dtype, seed=8))
+    buffers = SoftmaxBuffers(w.target_logits, w.draft_logits)
+    buffers.target_probs.fill_(-1)
+    buffers.fill(w.target_logits, w.draft_logits, w.target_temperature, w.draft_temperature)
+    assert torch.equal(buffers.target_probs, reference.temperature_probs(w.target_logits, w.target_temperature))
+    assert torch.equal(buffers.draft_probs, reference.temperature_probs(w.draft_logits, w.draft_temperature))
+
+
+def test_make_workload_dispatches_to_the_logits_workload():
+    from sdbench.ops import make_workload
+    from sdbench.ops.workload import VerifyConfig
+
+    w = make_workload("prob_verify_logits", VerifyConfig(2, 3, vocab_size=40, prob_dtype="bfloat16", seed=1))
+    assert w.target_logits.shape == (2, 4, 40) and w.target_logits.dtype == torch.bfloat16
+
+
+def test_parity_knows_the_logits_reference_and_catches_a_wrong_sampler():
+    from sdbench import parity, registry
+    from sdbench.registry import BufferedRun, Implementation
+
+    w = make_logits_workload(LogitsConfig(16, 4, vocab_size=60, seed=9))
+    assert parity.check(registry.get("prob_verify_logits", "torch_eager"), w) is None
+
+    def off_by_one(workload):
+        outputs = reference.reference_outputs(workload)
+
+        def launch():
+            outputs["accepted_lengths"].clamp_(max=3).add_(1)  # claims one draft too many
+        return BufferedRun(launch, outputs)
+
+    wrong = Implementation(op="prob_verify_logits", name="off_by_one", backend="torch", description="",
+                           prepare=off_by_one, devices=("cpu",))
+    assert "accepted_lengths" in parity.check(wrong, w)
+
+
+def test_bench_rows_carry_the_floor_the_bytes_and_both_rules():
+    from sdbench.ops.prob_verify_logits.bench import time_point
+
+    cfg = LogitsConfig(4, 2, vocab_size=64, seed=3)
+    rows = time_point(cfg, ["torch_eager", "softmax_flashinfer"], cold_l2=False, tbps=3.0, views=("cpu",), device="cpu")
+    eager, flashinfer = rows
+    assert eager["design"] == "torch_eager" and eager["cpu_us"] > 0 and eager["floor_bytes"] == 4 * 5 * 64 * 4
+    assert eager["vs_floor_plus_3us"] == pytest.approx(eager["cpu_us"] / (1.3 * eager["floor_us"] + 3.0), rel=1e-2)
+    assert flashinfer["reason"] and "cpu_us" not in flashinfer
+    assert 0 <= eager["mean_length_token"] <= 2 and 0 <= eager["mean_length_block"] <= 2
