@@ -3,6 +3,7 @@ warm L2, GPU time against the logits read floor, and the mean accepted length pe
 
     python -m sdbench.ops.prob_verify_logits.bench --out logits.csv            # the 216 points
     python -m sdbench.ops.prob_verify_logits.bench --quick --out quick.csv     # b=32, γ=8, V=128256
+    python -m sdbench.ops.prob_verify_logits.bench --quick --rule block --out block.csv
 
 Timing is sdbench.measure.timing (gpu view: CUPTI device time per call; the graph and wall views with
 --views). Designs are timed in fast randomness (in-kernel Philox; FlashInfer draws its own), as an
@@ -82,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--designs", default=",".join(DESIGNS))
     parser.add_argument("--tbps", type=float, default=3.0)
     parser.add_argument("--views", default="gpu", help="comma list of gpu, graph, wall")
+    parser.add_argument("--rule", default="token", choices=("token", "block"),
+                        help="acceptance rule timed (block: torch_eager only; the kernels give their reason)")
     args = parser.parse_args(argv)
-    grid = [cfg for cfg in benchmark_grid()
+    grid = [cfg for cfg in benchmark_grid(rule=args.rule)
             if not args.quick or (cfg.batch_size, cfg.gamma, cfg.vocab_size) == (32, 8, 128256)]
     rows = []
     for cfg in grid:
