@@ -48,8 +48,8 @@ def implementation_names(temperature: float) -> list[str]:
 def unavailable_reason(name: str, temperature: float, device: torch.device) -> str | None:
     """Why impl `name` cannot run on device (None: it can). CPU runs `verify` entries as torch_eager."""
     entry = _registry.get(operation(temperature), name)
-    if operation(temperature) == "verify" and device.type == "cpu":
-        return None  # sdbench.verify falls back to torch_eager on CPU tensors
+    if operation(temperature) == "verify" and device.type not in entry.devices and device.type == "cpu":
+        return None  # sdbench.verify runs torch_eager on CPU tensors for CUDA-only entries
     return entry.unavailable_reason(device)
 
 
