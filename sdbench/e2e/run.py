@@ -125,6 +125,14 @@ def prompt_ids(options: E2EOptions, pair: models.ModelPair, metrics: dict | None
         prompts = [pair.tokenizer(text)["input_ids"] for text in texts]
     if not prompts or any(len(p) == 0 for p in prompts):
         raise SdbenchError("every prompt needs at least one token")
+    # Keep each prompt's last tokens so prompt + new tokens + a round fit the position table.
+    limit = getattr(pair.target.config, "max_position_embeddings", None)
+    if limit is not None:
+        keep = limit - options.max_new_tokens - options.gamma - 2
+        if keep < 1:
+            raise SdbenchError(f"the model has {limit} positions: lower --max-new-tokens below "
+                               f"{limit - options.gamma - 2}")
+        prompts = [p[-keep:] for p in prompts]
     vocab = pair.vocab_size
     bad = [t for p in prompts for t in p if not 0 <= t < vocab]
     if bad:
