@@ -24,7 +24,8 @@ import torch
 from sdbench import api as _api
 from sdbench import registry as _registry
 from sdbench.errors import SdbenchError
-from sdbench.workload import ProbWorkload, VerifyConfig, read_trace
+from sdbench.ops.prob_verify.workload import ProbWorkload
+from sdbench.ops.workload import VerifyConfig, read_trace
 
 __all__ = ["SdbenchError", "read_trace", "make_verifier", "implementation_names", "unavailable_reason",
            "Verifier"]
