@@ -588,6 +588,72 @@ def calibrate_tau_command(
         console.print(f"wrote {result.path}")
 
 
+# --- e2e ---------------------------------------------------------------------------------------
+@command("e2e")
+def e2e_command(
+    target: Annotated[str | None, typer.Option(help="Local HuggingFace causal LM folder (with --draft); default: the built-in pair.")] = None,
+    draft: Annotated[str | None, typer.Option(help="Local draft model folder sharing the target's tokenizer.")] = None,
+    verify_impl: Annotated[str | None, typer.Option(help="Comma-separated verify (greedy) or prob_verify (--temperature > 0) implementations (default: torch_eager).")] = None,
+    gamma: Annotated[int, typer.Option(help="Draft tokens per round.")] = 4,
+    batch_size: Annotated[int, typer.Option(help="Sequences decoded together.")] = 8,
+    max_new_tokens: Annotated[int, typer.Option(help="New tokens per sequence.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0: greedy (verify); > 0: sampling (prob_verify).")] = 0.0,
+    prompt: Annotated[list[str] | None, typer.Option(help="A prompt (repeatable; cycled to the batch).")] = None,
+    sort_by_acceptance: Annotated[bool, typer.Option("--sort-by-acceptance", help="Order sequences by their acceptance EMA before verifying.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of prompts, sampling and the built-in pair.")] = 0,
+    device: Annotated[str, typer.Option(help="cuda, cpu or auto.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Model dtype: float32, bfloat16, float16.")] = "float32",
+    peers: Annotated[bool, typer.Option("--peers/--no-peers", help="Also time the target alone.")] = True,
+    hf_assisted: Annotated[bool, typer.Option("--hf-assisted/--no-hf-assisted", help="Also time HuggingFace assisted generation (batch 1).")] = True,
+    out: Annotated[str | None, typer.Option(help="Parquet file for the rows (docs/e2e.md has the schema).")] = None,
+    trace_out: Annotated[str | None, typer.Option(help="Write every round's accepted lengths here (for sweep --dist trace).")] = None,
+    builtin_steps: Annotated[int | None, typer.Option(help="Training steps of the built-in pair (default: its recipe's).")] = None,
+) -> None:
+    """Batched speculative decoding end to end, with every verify implementation inside the loop."""
+    from rich import progress
+
+    from sdbench.e2e import E2EOptions, run_e2e
+
+    columns = (progress.TextColumn("{task.description}"), progress.BarColumn(), progress.MofNCompleteColumn(),
+               progress.TimeElapsedColumn())
+    with progress.Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("e2e", total=None)
+
+        def show(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        options = E2EOptions(
+            target=target, draft=draft, verify_impls=tuple(parse_name_list(verify_impl)) or ("torch_eager",),
+            gamma=gamma, batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
+            prompts=tuple(prompt) if prompt else None, sort_by_acceptance=sort_by_acceptance, seed=seed,
+            device=device, dtype=dtype, peers=peers, hf_assisted=hf_assisted, out=out, trace_out=trace_out,
+            builtin_steps=builtin_steps, progress=show,
+        )
+        result = run_e2e(options)
+    table = Table(title=f"e2e: b={batch_size}, γ={gamma}, T={temperature}")
+    for column in ("method", "verify impl"):
+        table.add_column(column, no_wrap=True)  # names the user types next: never folded
+    for column in ("tokens/s", "mean k", "target fwd/token", "verify share", "= target"):
+        table.add_column(column, overflow="fold")
+    for row in result.rows:
+        step, verify_us = row.get("step_us"), row.get("verify_us")
+        share = f"{verify_us / step:.1%}" if step and verify_us == verify_us and step == step else "-"
+        mean_k = row.get("mean_accepted_length")
+        table.add_row(row["method"], row.get("verify_impl") or "-", f"{row['tokens_per_s']:.0f}",
+                      "-" if mean_k is None or mean_k != mean_k else f"{mean_k:.2f}",
+                      f"{row['target_forwards_per_token']:.3f}" if row.get("target_forwards_per_token") == row.get("target_forwards_per_token") else "-",
+                      share, {True: "yes", False: "NO", None: "-"}[row.get("matches_target")])
+    console.print(table)
+    if result.pair_metrics:
+        metrics = result.pair_metrics
+        console.print(f"built-in pair: held-out loss target {metrics.get('target_held_out_loss', float('nan')):.3f}, "
+                      f"draft {metrics.get('draft_held_out_loss', float('nan')):.3f}; greedy acceptance "
+                      f"{metrics.get('greedy_acceptance_rate', float('nan')):.2f}", highlight=False)
+    for path in (result.parquet_path, result.trace_path):
+        if path is not None:
+            console.print(f"wrote {path}")
+
+
 # --- end of commands ---------------------------------------------------------------------------
 
 

@@ -77,3 +77,40 @@ def test_builtin_pair_trains_once_and_reports_loss_and_acceptance(tmp_path, monk
     assert result.pair_metrics["recipe_digest"] == MICRO_RECIPE.digest()
     assert result.rows[1]["matches_target"] is True
     assert torch.tensor(result.rows[1]["acceptance_rate"]).isfinite()
+
+
+def test_cli_runs_local_checkpoints_and_prints_the_table(pair_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from sdbench.cli import app
+
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    target = tmp_path / "target-with-tokenizer"  # text prompts need a tokenizer beside the target
+    shutil.copytree(pair_dir / "target", target)
+    words = Tokenizer(models.WordLevel({chr(ord("a") + i): 2 + i for i in range(26)} | {"<unk>": 1}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>").save_pretrained(target)
+    result = CliRunner().invoke(app, [
+        "e2e", "--target", str(target), "--draft", str(pair_dir / "close"), "--device", "cpu", "--prompt", "abc",
+        "--prompt", "speculative",
+        "--batch-size", "2", "--max-new-tokens", "6", "--no-hf-assisted",
+        "--out", str(tmp_path / "cli.parquet"),
+    ], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "speculative" in result.output and "torch_eager" in result.output
+    assert pq.read_table(tmp_path / "cli.parquet").num_rows == 2  # target alone + one verify impl
+
+
+def test_cli_missing_checkpoint_is_one_line_and_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from sdbench.cli import app
+
+    result = CliRunner().invoke(app, ["e2e", "--target", str(tmp_path / "nope"), "--draft", str(tmp_path / "nope"),
+                                      "--device", "cpu"])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output and "Traceback" not in result.output
