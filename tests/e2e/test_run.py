@@ -80,14 +80,13 @@ def test_builtin_pair_trains_once_and_reports_loss_and_acceptance(tmp_path, monk
 
 
 def test_cli_runs_local_checkpoints_and_prints_the_table(pair_dir, tmp_path):
-    from typer.testing import CliRunner
-
-    from sdbench.cli import app
-
     import shutil
 
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    from typer.testing import CliRunner
+
+    from sdbench.cli import app
 
     target = tmp_path / "target-with-tokenizer"  # text prompts need a tokenizer beside the target
     shutil.copytree(pair_dir / "target", target)
