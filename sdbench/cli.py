@@ -512,7 +512,9 @@ def report_command(
     for table in built.tables:
         console.print(table.rich(max_rows=max_rows))
     if out is not None:
-        written = report.write_report(built, Path(out))
+        from sdbench.commands.report import page
+
+        written = page.write_report(built, Path(out))
         console.print(f"wrote {len(written)} files to {out}: report.md, report.html and {len(written) - 2} plots")
 
 
@@ -567,8 +569,11 @@ def calibrate_tau_command(
             def show(update) -> None:
                 bar.update(task, total=update.total, completed=update.done, description=update.current or "sweep")
 
-            result = tau.calibrate([], small=small, large=large, view=view, gpu_name=gpu, sweep_out=sweep_out,
-                                   profiles_dir=profiles, write=not dry_run, seed=seed, progress=show)
+            from sdbench.commands import sweep
+
+            swept = sweep.run_calibration_sweep(sweep_out, small, large, progress=show)
+        result = tau.calibrate([swept], small=small, large=large, view=view, gpu_name=gpu, profiles_dir=profiles,
+                               write=not dry_run, seed=seed, swept=swept)
     fit, profile = result.fit, result.profile
     table = Table(title=f"{small} vs {large} on {profile.gpu_name} ({view} view, µs)")
     for column in ("accepted KV", "config (b, γ, α, kv_dim)", small, large, "rule picks", "faster"):
@@ -576,7 +581,7 @@ def calibrate_tau_command(
     for point in fit.points:
         picked = small if point.kv_bytes < fit.tau_bytes else large
         faster = small if point.small_us < point.large_us else large
-        table.add_row(format_bytes(point.kv_bytes), ", ".join(str(v) for v in point.config[:4]),
+        table.add_row(format_bytes(point.kv_bytes), ", ".join(str(v) for v in point.config[1:5]),  # (b, γ, α, kv_dim) of the config key
                       f"{point.small_us:.1f}", f"{point.large_us:.1f}", picked,
                       faster if faster == picked else f"[red]{faster}[/]")
     console.print(table)

@@ -18,7 +18,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
-from sdbench import thresholds as profiles
+from sdbench import thresholds
 from sdbench.thresholds import Profile, format_bytes
 
 DEFAULT_PROFILE = Profile(
@@ -92,8 +92,8 @@ def reset() -> None:
 @functools.cache
 def profile_for_gpu(gpu_name: str, gpu_cc: str = "") -> tuple[Profile, str]:
     """(profile, where it came from) for a GPU; DEFAULT_PROFILE with a one-time warning if none matches."""
-    directory = profiles.profiles_dir()
-    found = profiles.match_profile(profiles.load_profiles(directory), gpu_name, gpu_cc)
+    directory = thresholds.profiles_dir()
+    found = thresholds.match_profile(thresholds.load_profiles(directory), gpu_name, gpu_cc)
     if found is not None:
         return found, str(directory / f"{found.slug}.toml")
     if gpu_name not in _warned_gpus:

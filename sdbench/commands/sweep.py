@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -191,12 +190,16 @@ def shard(configs: list[VerifyConfig], index: int, count: int) -> list[VerifyCon
     return configs[index::count]
 
 
-def config_columns(op: str, device: str, cfg: VerifyConfig) -> dict[str, Any]:
-    """The results columns that identify cfg (results.CONFIG_COLUMNS); device is recorded by type (cuda, cpu)."""
+def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.TimingOptions) -> dict[str, Any]:
+    """The results columns of results.CONFIG_COLUMNS for cfg measured with options, plus the device
+    (recorded by type: cuda, cpu). The machine's gpu_name is added by the environment record."""
     return {
         "op": op, "device": torch.device(device).type, "batch_size": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha,
-        "kv_dim": cfg.kv_dim, "vocab_size": cfg.vocab_size, "dist": cfg.dist, "token_dtype": cfg.token_dtype,
-        "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype, "seed": cfg.seed,
+        "kv_dim": cfg.kv_dim, "vocab_size": cfg.vocab_size, "dist": cfg.dist,
+        "fixed_length": cfg.fixed_length if cfg.dist == "fixed" else None,
+        "trace_sha256": results.trace_sha256(cfg.trace_path) if cfg.dist == "trace" else None,
+        "token_dtype": cfg.token_dtype, "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype,
+        "seed": cfg.seed, "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,
     }
 
 
@@ -253,10 +256,6 @@ class SweepSummary:
                 self.medians_us.setdefault((row["impl"], row["view"]), []).append(row["median_us"])
 
 
-def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
-
-
 # --- running -----------------------------------------------------------------------------------
 def check_op_available(op: str) -> None:
     """A clean error when op has no implementations or cannot build workloads yet (prob_verify)."""
@@ -281,11 +280,13 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
     device = str(torch.device(spec.device))
     configs = grid(spec)
     mine = shard(configs, spec.shard_index, spec.shard_count)
-    done = results.done_configs(spec.out_dir) if spec.resume else set()
-    todo = [cfg for cfg in mine if results.config_key(config_columns(spec.op, device, cfg)) not in done]
     options = timing.TimingOptions(warmup=spec.warmup, iters=spec.iters, gpu_iters=spec.gpu_iters, cold_l2=spec.cold_l2)
+    done = results.done_configs(spec.out_dir) if spec.resume else set()
+    machine = {"gpu_name": envinfo.collect(device).get("gpu_name")} if done else {}
+    todo = [cfg for cfg in mine
+            if results.config_key({**config_columns(spec.op, device, cfg, options), **machine}) not in done]
     summary = SweepSummary(
-        run_id=spec.run_id or new_run_id(), out_dir=Path(spec.out_dir), device=device,
+        run_id=spec.run_id or results.new_run_id(), out_dir=Path(spec.out_dir), device=device,
         views=timing.views_for(device), grid_size=len(configs), shard_size=len(mine), skipped=len(mine) - len(todo),
     )
     notify = progress or (lambda _: None)
@@ -298,8 +299,7 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
             for cfg in todo:
                 notify(SweepProgress(summary.measured, len(todo), label(spec.op, cfg)))
                 rows = measure_config(spec.op, cfg, impls, device, options, floor, summary.run_id)
-                key_values = config_columns(spec.op, device, cfg)
-                summary.parts.append(results.write_part(spec.out_dir, results.part_name(summary.run_id, key_values), rows))
+                summary.parts.append(results.write_part(spec.out_dir, results.part_name(summary.run_id, rows[0]), rows))
                 summary.add(rows)
                 summary.measured += 1
                 notify(SweepProgress(summary.measured, len(todo), None))
@@ -316,8 +316,7 @@ def measure_config(
     views = timing.views_for(device, options)
     base = {
         "run_id": run_id, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **envinfo.collect(device), **config_columns(op, device, cfg),
-        "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,
+        **envinfo.collect(device), **config_columns(op, device, cfg, options),
     }
     try:
         workload = make_workload(op, cfg, device)
@@ -486,3 +485,24 @@ def _floor_rows(base, floor: LaunchFloor, views, floor_timings) -> list[dict[str
             _with_stats(row, result)
         rows.append(row)
     return rows
+
+
+# --- calibrate-tau's mini-sweep (the CLI chains it before the fit) ------------------------------------
+CALIBRATION_GRID = {"batch_sizes": (1, 4, 16, 32), "gammas": (8, 32, 128), "alphas": (0.3, 0.6, 0.9),
+                    "kv_dims": (128, 512, 2048)}
+
+
+def run_calibration_sweep(out_dir, small: str, large: str, device: str = "cuda", progress=None) -> Path:
+    """calibrate-tau's mini-sweep: the pair over CALIBRATION_GRID into out_dir/<run id>; returns that folder."""
+    if not torch.cuda.is_available():
+        raise SdbenchError("no results given and no CUDA device here to measure on: pass verify_pack sweep results "
+                           "(e.g. from `sdbench sweep --preset fused` on the GPU) or run calibrate-tau on the GPU")
+    run_id = results.new_run_id()
+    folder = Path(out_dir) / run_id  # a fresh folder: never mixes in an older run, or another GPU's
+    spec = build_spec(None, op="verify_pack", impls=(small, large), device=device, out_dir=folder,
+                            run_id=run_id, **CALIBRATION_GRID)
+    summary = run_sweep(spec, progress=progress)
+    if summary.interrupted:
+        raise SdbenchError(f"the calibration sweep was interrupted; its finished configs are in {folder} "
+                           "(pass that folder to calibrate-tau to fit on them)")
+    return folder

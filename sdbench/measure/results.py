@@ -7,9 +7,12 @@ use pyarrow only (the GPU host has no polars); the report reads the same files w
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import secrets
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,8 @@ import pyarrow.parquet as pq
 
 from sdbench.errors import SdbenchError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)  # version 1 lacks fixed_length and trace_sha256: they read as null
 PART_GLOB = "part-*.parquet"
 
 SCHEMA = pa.schema([
@@ -48,6 +52,8 @@ SCHEMA = pa.schema([
     ("seed", pa.int32()),
     ("alpha", pa.float64()),
     ("dist", pa.string()),
+    ("fixed_length", pa.int32()),
+    ("trace_sha256", pa.string()),
     ("token_dtype", pa.string()),
     ("kv_dtype", pa.string()),
     ("mean_accepted_length", pa.float64()),
@@ -77,16 +83,41 @@ COLUMNS = tuple(SCHEMA.names)
 STATUSES = ("ok", "failed", "unavailable", "error")
 VIEWS = ("wall", "graph", "gpu", "cpu")
 
-# What identifies a config for --resume: the workload it measures and where it ran.
+# THE config key: what a row measured (the workload) and how (L2 state, warm-up, iterations). --resume,
+# the report's cells, compare and calibrate-tau all group rows by it; rows that differ in any of these
+# columns never pool. The machine columns are added where runs of one machine belong together (resume,
+# report) and left out where runs are matched across machines (compare).
 CONFIG_COLUMNS = (
-    "op", "device", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist", "token_dtype", "kv_dtype", "seed",
+    "op", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist", "fixed_length", "trace_sha256",
+    "token_dtype", "kv_dtype", "seed", "cold_l2", "warmup", "iters",
 )
+MACHINE_COLUMNS = ("device", "gpu_name")
 ConfigKey = tuple
 
 
-def config_key(values: Mapping[str, Any]) -> ConfigKey:
-    """The resume key of a row or a row-shaped dict (alpha rounded so 0.3 read back equals 0.3)."""
-    return tuple(round(float(values[c]), 9) if c == "alpha" else values[c] for c in CONFIG_COLUMNS)
+def config_key(values: Mapping[str, Any], machine: bool = True) -> ConfigKey:
+    """The config key of a row or row-shaped dict (alpha rounded so 0.3 read back equals 0.3); with the
+    machine columns unless machine=False. Columns a row lacks (older files) count as None."""
+    columns = CONFIG_COLUMNS + (MACHINE_COLUMNS if machine else ())
+    return tuple(_key_value(column, values.get(column)) for column in columns)
+
+
+def _key_value(column: str, value: Any) -> Any:
+    if column == "alpha" and value is not None:
+        return round(float(value), 9)
+    return value
+
+
+def trace_sha256(path: str | Path | None) -> str | None:
+    """The trace file's content hash: a changed trace is a different workload even under the same name."""
+    if path is None:
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def new_run_id() -> str:
+    """The one run-id format: UTC time to the second and 4 random hex digits (sortable, unique enough)."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -122,7 +153,8 @@ def part_name(run_id: str, key_values: Mapping[str, Any]) -> str:
         f"{c['op']}-{c['device']}-b{c['batch_size']}-g{c['gamma']}-a{float(c['alpha']):g}-kv{c['kv_dim']}"
         f"-v{c['vocab_size']}-{c['dist']}-{c['token_dtype']}-{c['kv_dtype']}-s{c['seed']}"
     )
-    return _SLUG_UNSAFE.sub("_", f"part-{run_id}-{slug}") + ".parquet"
+    digest = hashlib.sha256(repr(config_key(key_values)).encode()).hexdigest()[:8]
+    return _SLUG_UNSAFE.sub("_", f"part-{run_id}-{slug}-{digest}") + ".parquet"
 
 
 def write_part(folder: str | Path, name: str, rows: Iterable[Mapping[str, Any]]) -> Path:
@@ -144,6 +176,66 @@ def write_table_atomically(table: pa.Table, final: Path) -> Path:
 
 
 # --- reading -----------------------------------------------------------------------------------
+# The columns without which a parquet file is not sdbench results (a friendly refusal, not a KeyError).
+REQUIRED_COLUMNS = (
+    "schema_version", "run_id", "gpu_name", "device", "op", "batch_size", "gamma", "alpha", "kv_dim", "impl",
+    "is_peer", "view", "status", "median_us", "samples_us", "launch_floor_us", "accepted_kv_bytes",
+)
+
+
+def resolve_files(paths: list[str | Path]) -> list[Path]:
+    """Parquet files named, or found directly in named folders, in a stable order."""
+    if not paths:
+        raise SdbenchError("no results given: name parquet files or folders written by `sdbench sweep`")
+    files: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():  # a folder's own parts, not its subfolders' (docs/results-schema.md)
+            found = sorted(path.glob("*.parquet"))
+            if not found:
+                nested = sorted({str(part.parent) for part in path.rglob("*.parquet")})
+                hint = f"; its subfolders do: name them ({', '.join(nested[:3])}{', ...' if len(nested) > 3 else ''})" if nested else (
+                    " (is it a `sdbench sweep --out` folder?)")
+                raise SdbenchError(f"folder {str(path)!r} holds no .parquet files{hint}")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise SdbenchError(f"no such file or folder: {str(path)!r}")
+    return list(dict.fromkeys(files))
+
+
+def check_file(path: Path) -> None:
+    """Refuse what is not sdbench results of a known schema version, in one line."""
+    try:
+        names = pq.read_schema(path).names
+    except Exception:  # pyarrow raises several types for "not parquet"
+        raise SdbenchError(f"{str(path)!r} is not a parquet file") from None
+    missing = [column for column in REQUIRED_COLUMNS if column not in names]
+    if missing:
+        raise SdbenchError(
+            f"{str(path)!r} is not sdbench results (missing columns: {', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}); report reads parquet written by `sdbench sweep`"
+        )
+    versions = set(pq.read_table(path, columns=["schema_version"]).column(0).to_pylist())
+    unknown = sorted(v for v in versions if v not in READABLE_SCHEMA_VERSIONS)
+    if unknown:
+        raise SdbenchError(
+            f"{str(path)!r} has results schema version {unknown[0]}; this sdbench reads version "
+            f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (use the sdbench that wrote it, or re-run the sweep)"
+        )
+
+
+def read_checked_rows(paths: list[str | Path]) -> list[dict]:
+    """Every row of the named files or folders as a dict of SCHEMA, each file checked first (pyarrow
+    alone: calibrate-tau runs on the GPU host, which has no polars)."""
+    rows: list[dict] = []
+    for path in resolve_files(paths):
+        check_file(path)
+        rows.extend(read_part(path).to_pylist())
+    return rows
+
+
 def part_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     """Every part file in the given folders (not their subfolders) or the given files, sorted; `.tmp` never."""
     if isinstance(paths, (str, Path)):
@@ -163,19 +255,25 @@ def _check_version(path: Path, table: pa.Table) -> None:
     if "schema_version" not in table.column_names:
         raise SdbenchError(f"{path} is not an sdbench results file (no schema_version column)")
     versions = set(table.column("schema_version").to_pylist())
-    unknown = versions - {SCHEMA_VERSION}
+    unknown = versions - set(READABLE_SCHEMA_VERSIONS)
     if unknown:
         raise SdbenchError(
-            f"{path} has results schema version {sorted(unknown)[0]}; this sdbench reads version {SCHEMA_VERSION}"
+            f"{path} has results schema version {sorted(unknown)[0]}; this sdbench reads versions "
+            f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (use the sdbench that wrote it, or re-run the sweep)"
         )
 
 
 def read_part(path: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """One part as a table of SCHEMA (or of columns): columns an older version lacks read as null."""
     path = Path(path)
-    wanted = None if columns is None else list(dict.fromkeys(["schema_version", *columns]))
-    table = pq.read_table(path, columns=wanted)
+    present = set(pq.read_schema(path).names)
+    wanted = list(COLUMNS) if columns is None else list(columns)
+    table = pq.read_table(path, columns=[c for c in dict.fromkeys(["schema_version", *wanted]) if c in present])
     _check_version(path, table)
-    return table if columns is None else table.select(columns)
+    for name in wanted:
+        if name not in present:
+            table = table.append_column(SCHEMA.field(name), pa.nulls(table.num_rows, SCHEMA.field(name).type))
+    return table.select(wanted).cast(pa.schema([SCHEMA.field(c) for c in wanted]))
 
 
 def read_results(paths: str | Path | Iterable[str | Path], columns: list[str] | None = None) -> pa.Table:
@@ -196,5 +294,5 @@ def done_configs(folder: str | Path) -> set[ConfigKey]:
     """The config keys already written under folder (what --resume skips)."""
     if not Path(folder).is_dir():
         return set()
-    table = read_results(folder, list(CONFIG_COLUMNS))
+    table = read_results(folder, list(CONFIG_COLUMNS + MACHINE_COLUMNS))
     return {config_key(row) for row in table.to_pylist()}

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from sdbench.cli import app
 from sdbench.commands import report
-from sdbench.commands.report import compare
+from sdbench.commands.report import compare, page
 from sdbench.errors import SdbenchError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
@@ -80,7 +80,7 @@ def test_fixture_degrades_gracefully_and_says_what_is_missing():
 
 
 def test_out_writes_markdown_plots_and_self_contained_html(tmp_path):
-    written = report.write_report(report.build_report([FIXTURE]), tmp_path)
+    written = page.write_report(report.build_report([FIXTURE]), tmp_path)
     names = {path.name for path in written}
     assert {"report.md", "report.html", "latency_vs_gamma_verify.png", "latency_vs_alpha_verify.png"} <= names
     for path in written:
@@ -88,9 +88,34 @@ def test_out_writes_markdown_plots_and_self_contained_html(tmp_path):
     markdown = (tmp_path / "report.md").read_text()
     assert "| verify | b=1 γ=8 α=0.3 | torch_eager |" in markdown
     assert "skipped fused_vs_two_step.png" in markdown  # the CPU has no fused kernel: said, not drawn
-    page = (tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == len([n for n in names if n.endswith(".png")])
-    assert "src='http" not in page and 'src="http' not in page
+    html_page = (tmp_path / "report.html").read_text()
+    assert html_page.count("data:image/png;base64,") == len([n for n in names if n.endswith(".png")])
+    assert "src='http" not in html_page and 'src="http' not in html_page
+
+
+def test_an_interrupted_report_leaves_the_previous_one_whole(tmp_path, monkeypatch):
+    built = report.build_report([FIXTURE])
+    page.write_report(built, tmp_path / "r")
+    before = (tmp_path / "r" / "report.md").read_text()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(page, "to_html", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        page.write_report(built, tmp_path / "r")
+    assert (tmp_path / "r" / "report.md").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no staging folder left behind
+
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_an_unwritable_out_is_one_line_and_exit_2(tmp_path, where):
+    out = tmp_path / "a-file" if where == "file" else "/proc/sdbench-report"
+    if where == "file":
+        out.write_text("not a folder")
+    result = runner.invoke(app, ["report", str(FIXTURE), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and str(out) in result.output
 
 
 # --- synthetic GPU rows -------------------------------------------------------------------------
@@ -135,7 +160,7 @@ def test_limits_classify_launch_bandwidth_and_divergence():
 
 
 def test_gpu_plots_are_all_written(gpu_report, tmp_path):
-    written = report.write_report(gpu_report, tmp_path)
+    written = page.write_report(gpu_report, tmp_path)
     names = {path.name for path in written}
     assert {"fused_vs_two_step.png", "bandwidth.png", "speedup_verify_ballot.png",
             "speedup_verify_pack_ballot-pack_torch.png", "latency_vs_gamma_verify_pack.png"} <= names

@@ -185,7 +185,7 @@ def test_prob_verify_grid_sweeps_vocab_and_prob_dtype():
     assert {(c.vocab_size, c.prob_dtype) for c in configs} == {
         (32000, "float32"), (32000, "bfloat16"), (128256, "float32"), (128256, "bfloat16"),
     }
-    assert sweep.config_columns("prob_verify", "cuda", configs[1])["kv_dtype"] == configs[1].prob_dtype
+    assert sweep.config_columns("prob_verify", "cuda", configs[1], sweep.timing.TimingOptions())["kv_dtype"] == configs[1].prob_dtype
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -259,8 +259,8 @@ def test_cli_quick_sweep_on_cpu_writes_parquet_and_a_summary(tmp_path):
     assert {row["run_id"] for row in rows} == {"ci"}
     assert len({results.config_key(row) for row in rows}) == 8
 
-    again = _invoke("--preset", "quick", "--device", "cpu", "--iters", "2", "--out", str(out), "--resume",
-                    "--impl", "torch_eager")
+    again = _invoke("--preset", "quick", "--device", "cpu", "--warmup", "0", "--iters", "2", "--out", str(out),
+                    "--resume", "--impl", "torch_eager")
     assert again.exit_code == 0 and "8 already present" in " ".join(again.output.split())
     assert len(results.read_rows(out)) == len(rows)
 
@@ -308,3 +308,34 @@ def test_trace_distribution_sweeps_on_cpu(tmp_path):
                                       "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
     assert list((tmp_path / "r").glob("part-*trace*.parquet"))
+
+
+# --- the one config key: a changed measurement setting is a different config ----------------------
+RESUME_BASE = dict(op="verify", impls=["torch_eager"], batch_sizes=[2], gammas=[4], alphas=[0.5], device="cpu",
+                   warmup=0, iters=2, resume=True)
+
+
+@pytest.mark.parametrize("change", [
+    {"dist": "fixed", "fixed_length": 3},
+    {"cold_l2": True},
+    {"iters": 3},
+    {"dist": "trace"},
+], ids=["fixed-length", "cold-l2", "iters", "trace-content"])
+def test_resume_remeasures_when_a_setting_changes(tmp_path, change):
+    trace = tmp_path / "trace.txt"
+    trace.write_text("1 2 3")
+    first = dict(RESUME_BASE, **({"dist": "fixed", "fixed_length": 2} if "fixed_length" in change else {}))
+    if change.get("dist") == "trace":
+        first = dict(RESUME_BASE, dist="trace", trace_path=str(trace))
+    out = tmp_path / "out"
+    sweep.run_sweep(sweep.build_spec(out_dir=out, **first))
+    same = sweep.run_sweep(sweep.build_spec(out_dir=out, **first))
+    assert (same.measured, same.skipped) == (0, 1)  # resume skips what is already there
+    if change.get("dist") == "trace":
+        trace.write_text("0 0 4")  # same file name, new content: a different workload
+        second = first
+    else:
+        second = dict(first, **change)
+    again = sweep.run_sweep(sweep.build_spec(out_dir=out, **second))
+    assert (again.measured, again.skipped) == (1, 0)
+    assert len({results.config_key(row) for row in results.read_rows(out)}) == 2

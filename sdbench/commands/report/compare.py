@@ -16,9 +16,10 @@ import numpy as np
 
 from sdbench.commands.report import ReportTable, Where, apply_where, format_us, require_polars, scan
 from sdbench.errors import SdbenchError
+from sdbench.measure import results
 
-MATCH_KEYS = ("op", "batch_size", "gamma", "alpha", "kv_dim", "dist", "token_dtype", "kv_dtype", "vocab_size",
-              "cold_l2", "impl", "view")
+# Runs are matched across machines: the config key without its machine columns, per implementation and view.
+MATCH_KEYS = (*results.CONFIG_COLUMNS, "impl", "view")
 
 
 @dataclass

@@ -165,7 +165,7 @@ def speedup_heatmap(report: Report, op: str, impl: str):
 
 
 def fused_vs_two_step(report: Report):
-    from sdbench.commands.calibrate_tau import best_threshold
+    from sdbench.thresholds import best_threshold
 
     plt = _pyplot()
     view = report.primary_view
