@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sdbench.errors import SdbenchError, closest
+from sdbench.errors import SdbenchError
 
 app = typer.Typer(
     name="sdbench",
@@ -203,52 +203,37 @@ def parity_command(
 
     Outputs are poisoned before each run. Exit code 1 on any failure.
     """
-    import dataclasses
+    import sys
 
     from rich.progress import Progress
 
-    from sdbench import parity, registry
+    from sdbench import parity
 
-    device = _check_device(device)
-    grid = parity.QUICK_GRID if quick else parity.ParityGrid()
-    overrides = {
-        "batch_sizes": b and parse_int_list(b, "--b", minimum=1),
-        "gammas": gamma and parse_int_list(gamma, "--gamma", minimum=1),
-        "alphas": alpha and parse_float_list(alpha, "--alpha", 0.0, 1.0),
-        "kv_dims": kv_dim and parse_int_list(kv_dim, "--kv-dim", minimum=1),
-    }
-    grid = dataclasses.replace(grid, **{k: tuple(v) for k, v in overrides.items() if v})
-    if op is not None:
-        registry.get(op, "torch_eager")  # validates the operation name with a suggestion
-    impls = [i for o in ([op] if op else registry.OPERATIONS) for i in registry.implementations(o)]
-    names = parse_name_list(impl)
-    for name in names:
-        if name not in {i.name for i in impls}:
-            raise SdbenchError(
-                f"unknown implementation {name!r}{closest(name, sorted({i.name for i in impls}))}; "
-                "see `sdbench list`"
-            )
-    impls = [i for i in impls if not names or i.name in names]
-    total = sum(parity.count_configs(o, grid) for o in {i.op for i in impls})
-    with Progress(console=err_console, transient=True) as bar:
-        task = bar.add_task("parity", total=total)
-        tallies = parity.run_parity(impls, grid, device, seed, progress=lambda: bar.advance(task))
+    plan = parity.plan(
+        op, parse_name_list(impl), quick, device,
+        batch_sizes=b and parse_int_list(b, "--b", minimum=1), gammas=gamma and parse_int_list(gamma, "--gamma", minimum=1),
+        alphas=alpha and parse_float_list(alpha, "--alpha", 0.0, 1.0),
+        kv_dims=kv_dim and parse_int_list(kv_dim, "--kv-dim", minimum=1),
+    )
+    impls, device, total = plan.impls, plan.device, plan.total_configs
+    if sys.stderr.isatty():
+        with Progress(console=err_console, transient=True) as bar:
+            task = bar.add_task("parity", total=total)
+            tallies = parity.run_parity(impls, plan.grid, device, seed, progress=lambda: bar.advance(task))
+    else:  # a log or a pipe: a plain line every 10% so a long run is visibly alive
+        done = [0]
+
+        def line() -> None:
+            done[0] += 1
+            if done[0] == total or done[0] % max(1, total // 10) == 0:
+                err_console.print(f"parity: {done[0]}/{total} configs", highlight=False)
+
+        tallies = parity.run_parity(impls, plan.grid, device, seed, progress=line)
     _print_parity(impls, tallies, device)
     if verbose:
         _print_ptxas_report()
     if any(t.failed for t in tallies.values()):
         raise typer.Exit(1)
-
-
-def _check_device(device: str | None) -> str:
-    import torch
-
-    device = device or default_device()
-    if device not in ("cuda", "cpu"):
-        raise SdbenchError(f"--device must be cuda or cpu, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SdbenchError("--device cuda: no CUDA device is visible here (use --device cpu)")
-    return device
 
 
 def _print_parity(impls, tallies, device: str) -> None:

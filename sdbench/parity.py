@@ -7,12 +7,14 @@ filled with garbage by `poison`, and an implementation that leaves a slot unwrit
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from sdbench.errors import SdbenchError, closest
 from sdbench.ops import make_workload
 from sdbench.ops.pack import reference as pack_reference
 from sdbench.ops.prob_verify import reference
@@ -159,6 +161,66 @@ QUICK_GRID = ParityGrid(
     prob_dtypes=("float32", "bfloat16"),
     logprobs=(False, True),
 )
+
+
+# Under TRITON_INTERPRET=1 on the CPU every Triton program runs in Python, ~1000× slower than compiled:
+# the quick grid shrinks to what a 2-core machine checks in well under a minute, edges kept (B=1 and a
+# ragged B, γ=1 and γ not a multiple of 32, all-reject and all-accept, both token dtypes).
+INTERPRETER_QUICK_GRID = ParityGrid(
+    batch_sizes=(1, 5),
+    gammas=(1, 33),
+    alphas=(0.0, 1.0),
+    kv_dims=(8,),
+    dists=("geometric",),
+    token_dtypes=("int64", "int32"),
+    kv_dtypes=("float16",),
+    prob_batch_sizes=(1, 3),
+    prob_gammas=(1, 4),
+    vocab_sizes=(37,),
+    prob_dtypes=("float32",),
+    logprobs=(False,),
+)
+
+
+@dataclass(frozen=True)
+class ParityPlan:
+    """What `sdbench parity` runs: validated implementations, grid and device."""
+
+    impls: list[Implementation]
+    grid: ParityGrid
+    device: str
+
+    @property
+    def total_configs(self) -> int:
+        return sum(count_configs(op, self.grid) for op in {impl.op for impl in self.impls})
+
+
+def plan(op: str | None = None, impl_names: list[str] | None = None, quick: bool = False, device: str | None = None,
+         **overrides: tuple | list | None) -> ParityPlan:
+    """Validate the parity command's choices (operation, names, device, grid overrides) at the library's edge.
+
+    quick on a CPU device with Triton interpreted picks INTERPRETER_QUICK_GRID; overrides (batch_sizes,
+    gammas, alphas, kv_dims) replace the grid's lists.
+    """
+    from sdbench import registry
+    from sdbench.ops import OPERATIONS
+    from sdbench.ops.backends import TRITON_INTERPRETED, validate_device
+
+    device = validate_device(device)
+    grid = ParityGrid()
+    if quick:
+        interpreted = torch.device(device).type == "cpu" and TRITON_INTERPRETED
+        grid = INTERPRETER_QUICK_GRID if interpreted else QUICK_GRID
+    grid = dataclasses.replace(grid, **{name: tuple(values) for name, values in overrides.items() if values})
+    if op is not None and op not in OPERATIONS:
+        registry.get(op, "torch_eager")  # an unknown operation: one line with a suggestion
+    impls = [impl for o in ([op] if op else OPERATIONS) for impl in registry.implementations(o)]
+    known = sorted({impl.name for impl in impls})
+    for name in impl_names or []:
+        if name not in known:
+            raise SdbenchError(f"unknown implementation {name!r}{closest(name, known)}; see `sdbench list`")
+    impls = [impl for impl in impls if not impl_names or impl.name in impl_names]
+    return ParityPlan(impls, grid, device)
 
 
 def input_bytes(op: str, cfg: VerifyConfig) -> int:

@@ -1,8 +1,10 @@
 """Parity machinery on the CPU: the torch implementations pass, and a wrong one is caught."""
 
+import pytest
 import torch
 
 from sdbench import parity, registry
+from sdbench.errors import SdbenchError
 from sdbench.ops.workload import VerifyConfig, make_verify_workload
 from sdbench.registry import BufferedRun, Implementation
 
@@ -83,3 +85,40 @@ def test_prob_grid_is_bounded_and_skips_oversized_inputs():
     big = VerifyConfig(128, 16, vocab_size=152064)
     assert parity.input_bytes("prob_verify", big) > parity.MAX_INPUT_BYTES
     assert parity.input_bytes("prob_verify", VerifyConfig(1, 8, vocab_size=32000)) < parity.MAX_INPUT_BYTES
+
+
+def test_quick_parity_under_the_interpreter_is_interpreter_sized(monkeypatch):
+    """`TRITON_INTERPRET=1 sdbench parity --quick` ran 11 minutes on the full quick grid; the CPU interpreter
+    gets a grid a 2-core machine checks in well under a minute (edges kept)."""
+    from sdbench.ops import backends
+
+    monkeypatch.setattr(backends, "TRITON_INTERPRETED", True)
+    interpreted = parity.plan(quick=True, device="cpu")
+    monkeypatch.setattr(backends, "TRITON_INTERPRETED", False)
+    compiled = parity.plan(quick=True, device="cpu")
+    assert interpreted.grid == parity.INTERPRETER_QUICK_GRID and compiled.grid == parity.QUICK_GRID
+    assert interpreted.total_configs <= compiled.total_configs / 5
+    assert max(interpreted.grid.vocab_sizes) <= 64  # the interpreter pays per vocabulary column
+    grid = interpreted.grid
+    assert 1 in grid.batch_sizes and 1 in grid.gammas and any(g % 32 for g in grid.gammas if g > 32)
+    assert {0.0, 1.0} <= set(grid.alphas)
+
+
+def test_parity_plan_validates_at_the_edge():
+    with pytest.raises(SdbenchError, match="unknown implementation 'balot'.*ballot"):
+        parity.plan(impl_names=["balot"], device="cpu")
+    with pytest.raises(SdbenchError, match="not supported; use cuda or cpu"):
+        parity.plan(device="mps")
+    overridden = parity.plan(quick=True, device="cpu", batch_sizes=[7], gammas=None)
+    assert overridden.grid.batch_sizes == (7,) and overridden.grid.gammas == parity.QUICK_GRID.gammas
+
+
+def test_parity_prints_progress_lines_when_not_a_terminal():
+    from typer.testing import CliRunner
+
+    from sdbench.cli import app
+
+    result = CliRunner().invoke(app, ["parity", "--quick", "--device", "cpu", "--op", "verify", "--impl", "torch_eager",
+                                      "--b", "1,2", "--gamma", "1,4", "--alpha", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert "parity: 8/8 configs" in result.output  # 2 batch sizes × 2 γ × 2 token dtypes

@@ -27,7 +27,7 @@ from sdbench import parity, registry
 from sdbench.errors import SdbenchError, closest
 from sdbench.measure import environment as envinfo
 from sdbench.measure import results, timing
-from sdbench.ops import make_workload
+from sdbench.ops import backends, make_workload
 from sdbench.ops.launch_floor import LaunchFloor, launch_floor
 from sdbench.ops.workload import DEFAULT_VOCAB_SIZE, KV_DTYPES, VerifyConfig
 from sdbench.registry import Implementation
@@ -152,14 +152,7 @@ def validate(spec: SweepSpec) -> None:
         raise SdbenchError(f"gpu_iters must be >= 1, got {spec.gpu_iters}")
     if not 0 <= spec.shard_index < spec.shard_count:
         raise SdbenchError(f"--shard: needs 0 <= i < n, got {spec.shard_index}/{spec.shard_count}")
-    try:
-        device = torch.device(spec.device)
-    except RuntimeError:
-        raise SdbenchError(f"--device: {spec.device!r} is not a device; use cuda or cpu") from None
-    if device.type not in ("cuda", "cpu"):
-        raise SdbenchError(f"--device: {spec.device!r} is not supported; use cuda or cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SdbenchError("--device cuda: no CUDA device is visible here; use --device cpu")
+    backends.validate_device(spec.device)
     registry.select(spec.op, list(spec.impls))  # unknown names raise with a suggestion
     grid(spec)  # every config validates its own values
 
@@ -337,10 +330,8 @@ def measure_config(
         runs[impl.name] = run
         if reason is not None:
             notes[impl.name] = reason
-        if impl.sync:
-            not_capturable[impl.name] = "syncs the host (data-dependent shape or .item()): cannot be captured"
-        elif getattr(run, "not_capturable", None):
-            not_capturable[impl.name] = run.not_capturable
+        if impl.capture_refusal:
+            not_capturable[impl.name] = impl.capture_refusal
 
     callables = dict(runs)
     if floor.run is not None:

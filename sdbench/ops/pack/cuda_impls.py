@@ -28,9 +28,9 @@ def _prepare_pack_naive(w: VerifyWorkload):
     return run
 
 
-def _prepare_pack(w: VerifyWorkload) -> BufferedRun:
+def _prepare_pack(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
     op = cuda_ops().pack
-    out = pack_outputs(w)
+    out = out if out is not None else pack_outputs(w)
     args = (w.draft_kv, w.accepted_lengths, out["packed_kv"], out["packed_offsets"])
     return BufferedRun(lambda: op(*args), out)
 
@@ -42,5 +42,6 @@ register(Implementation(
 ))
 register(Implementation(
     op="pack", name="pack_cuda", backend="cuda", probe=cuda_probe, launches=1, supports=needs_kv, prepare=_prepare_pack,
+    writes_into=True,
     description="sync-free: device-side scan, whole-GPU grid over the accepted bytes, 16-byte vectors",
 ))
