@@ -127,12 +127,6 @@ def list_command(
 def _print_dispatch(b, gamma, alpha, kv_dim, kv_dtype, dist, gpu) -> None:
     from sdbench import dispatch
 
-    missing = [name for name, value in (("--b", b), ("--gamma", gamma), ("--alpha", alpha), ("--kv-dim", kv_dim))
-               if value is None]
-    if missing:
-        raise SdbenchError(f"--dispatch needs the workload: {' '.join(missing)} (e.g. --b 32 --gamma 128 --alpha 0.9 --kv-dim 2048)")
-    if kv_dim < 1:
-        raise SdbenchError(f"--kv-dim must be >= 1 (verify_pack moves KV), got {kv_dim}")
     decision, lines = dispatch.explain(b, gamma, alpha, kv_dim, kv_dtype, gpu, dist)
     console.print(f"[bold]verify_pack(impl='auto') for b={b}, γ={gamma}, α={alpha:g}, kv_dim={kv_dim} ({kv_dtype})[/]",
                   highlight=False)
@@ -508,11 +502,7 @@ def _report_compare(results: list[str], wheres, threshold: float, seed: int, out
 
     from sdbench.commands.report import compare
 
-    if len(results) != 2:
-        raise SdbenchError(f"--compare takes exactly two results (A B), got {len(results)}")
-    if not 0 <= threshold < 1:
-        raise SdbenchError(f"--threshold must be in [0, 1), got {threshold}")
-    found, notes = compare.compare([results[0]], [results[1]], wheres, threshold=threshold, seed=seed)
+    found, notes = compare.compare_runs(results, wheres, threshold=threshold, seed=seed)
     table = compare.compare_table(found, notes, results[0], results[1], threshold)
     console.print(table.rich(max_rows=max_rows))
     if out is not None:
@@ -538,8 +528,6 @@ def calibrate_tau_command(
     from sdbench.commands import calibrate_tau as tau
     from sdbench.thresholds import format_bytes
 
-    if view not in ("wall", "graph", "gpu", "cpu"):
-        raise SdbenchError(f"--view must be wall, graph, gpu or cpu, got {view!r}")
     if results:
         result = tau.calibrate(results, small=small, large=large, view=view, gpu_name=gpu, profiles_dir=profiles,
                                write=not dry_run, seed=seed)

@@ -233,6 +233,8 @@ def calibrate(paths, *, small: str = DEFAULT_SMALL, large: str = DEFAULT_LARGE, 
     import sdbench
     from sdbench import thresholds
 
+    if view not in ("wall", "graph", "gpu", "cpu"):
+        raise SdbenchError(f"--view must be wall, graph, gpu or cpu, got {view!r}")
     if not paths:
         raise SdbenchError("no results given: pass verify_pack sweep results (or let the CLI run the mini-sweep)")
     rows = _rows_for_gpu(results.read_checked_rows(paths), gpu_name)

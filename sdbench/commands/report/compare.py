@@ -75,6 +75,16 @@ def judge(ratio: float, low: float, high: float, threshold: float) -> tuple[str,
     return "no change", "within noise"
 
 
+def compare_runs(results: list[str | Path], wheres: list[Where] | None = None, *, threshold: float = 0.05,
+                 seed: int = 0) -> tuple[list[Comparison], list[str]]:
+    """`report --compare A B`: exactly two results (files or folders), validated here."""
+    if len(results) != 2:
+        raise SdbenchError(f"--compare takes exactly two results (A B), got {len(results)}")
+    if not 0 <= threshold < 1:
+        raise SdbenchError(f"--threshold must be in [0, 1), got {threshold}")
+    return compare([results[0]], [results[1]], wheres, threshold=threshold, seed=seed)
+
+
 def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[Where] | None = None, *,
             threshold: float = 0.05, n_boot: int = 1000, confidence: float = 0.95,
             seed: int = 0) -> tuple[list[Comparison], list[str]]:
