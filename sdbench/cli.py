@@ -258,7 +258,8 @@ def _print_ptxas_report() -> None:
     for column in ("kernel", "registers", "shared memory (B)", "spill stores (B)", "spill loads (B)"):
         table.add_column(column)
     for row in rows:
-        table.add_row(*(str(row.get(k, "")) for k in ("kernel", "registers", "shared_bytes", "spill_store_bytes", "spill_load_bytes")))
+        table.add_row(*(str(row.get(column, "")) for column in
+                        ("kernel", "registers", "shared_bytes", "spill_store_bytes", "spill_load_bytes")))
     console.print(table)
 
 
@@ -432,21 +433,24 @@ def _print_profile(report) -> None:
     kernels = Table(title="kernels per call")
     for column in ("implementation", "kernel", "calls", "GPU µs", "% of GPU"):
         kernels.add_column(column, overflow="fold")
-    for p in report.impls:
-        for k in p.kernels:
-            share = "-" if not p.gpu_us or k.gpu_us is None else f"{100.0 * k.gpu_us / p.gpu_us:.0f}"
-            kernels.add_row(p.impl, escape(k.short_name), f"{k.calls_per_iter:g}", _us(k.gpu_us), share)
+    for profiled in report.impls:
+        for kernel in profiled.kernels:
+            share = ("-" if not profiled.gpu_us or kernel.gpu_us is None
+                     else f"{100.0 * kernel.gpu_us / profiled.gpu_us:.0f}")
+            kernels.add_row(profiled.impl, escape(kernel.short_name), f"{kernel.calls_per_iter:g}", _us(kernel.gpu_us),
+                            share)
     console.print(kernels)
     if any(p.counters for p in report.impls):
         counters = Table(title="ncu counters per kernel (means over launches; ncu µs are replayed at base clocks)")
         for column in ("implementation", "kernel", "calls", "ncu µs", "warp efficiency %", "branch uniformity %",
                        "achieved occupancy %", "DRAM % of peak"):
             counters.add_column(column, overflow="fold")
-        for p in report.impls:
-            for k in p.counters:
-                cells = [profile.warp_efficiency_pct(k)] + [k.metrics.get(m) for m in list(profile.COUNTER_COLUMNS)[1:]]
-                counters.add_row(p.impl, escape(k.short_name), f"{k.calls_per_iter:g}", _us(k.gpu_us),
-                                 *("-" if v is None else f"{v:.1f}" for v in cells))
+        for profiled in report.impls:
+            for kernel in profiled.counters:
+                cells = [profile.warp_efficiency_pct(kernel)] + [kernel.metrics.get(metric) for metric in
+                                                                 list(profile.COUNTER_COLUMNS)[1:]]
+                counters.add_row(profiled.impl, escape(kernel.short_name), f"{kernel.calls_per_iter:g}",
+                                 _us(kernel.gpu_us), *("-" if v is None else f"{v:.1f}" for v in cells))
         console.print(counters)
     for tool_name, why in choice.skipped:
         console.print(f"[dim]not used: {tool_name}: {escape(str(why))}[/]", highlight=False)

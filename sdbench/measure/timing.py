@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sdbench.errors import describe_error
+
 LAUNCH_FLOOR = "launch_floor"
 CUDA_VIEWS = ("wall", "graph", "gpu")
 CPU_VIEWS = ("cpu",)
@@ -120,11 +122,6 @@ def views_for(device: str | torch.device, options: TimingOptions | None = None) 
     if unknown:
         raise ValueError(f"view(s) {unknown} cannot be measured on {device}; choose from {native}")
     return tuple(view for view in native if view in options.views)
-
-
-def describe_error(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def _rotation(names: list[str], round_index: int) -> list[str]:
