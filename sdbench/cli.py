@@ -26,8 +26,19 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import sdbench
+
+        console.print(f"sdbench {sdbench.__version__}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
     """Benchmark the verification step of batched speculative decoding on NVIDIA GPUs."""
 
 
@@ -83,6 +94,52 @@ def parse_name_list(text: str | None) -> list[str]:
     return [word.strip() for word in text.split(",") if word.strip()] if text else []
 
 
+FORMATS = ("table", "json", "csv", "md")
+FormatOption = Annotated[str, typer.Option("--format", help="table (rich), json, csv or md (markdown), to stdout.")]
+
+
+def emit(title: str, columns: list[str], rows: list[list], fmt: str, identifiers: int = 2) -> None:
+    """Print rows in fmt. The first `identifiers` columns hold names a user types next (operation,
+    implementation): a table never truncates or folds them; other columns fold instead."""
+    import csv
+    import io
+    import json
+    import sys
+
+    if fmt not in FORMATS:
+        raise SdbenchError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    plain = [[_plain(cell) for cell in row] for row in rows]
+    if fmt == "json":
+        sys.stdout.write(json.dumps([dict(zip(columns, row, strict=True)) for row in plain], indent=1) + "\n")
+    elif fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(columns)
+        writer.writerows(plain)
+        sys.stdout.write(buffer.getvalue())
+    elif fmt == "md":
+        lines = [f"| {' | '.join(columns)} |", f"|{'---|' * len(columns)}"]
+        lines.extend(f"| {' | '.join(str(cell).replace('|', '/') for cell in row)} |" for row in plain)
+        sys.stdout.write("\n".join(lines) + "\n")
+    else:
+        table = Table(title=title)
+        for index, column in enumerate(columns):
+            if index < identifiers:
+                table.add_column(column, no_wrap=True, min_width=max([len(column)] + [len(str(r[index])) for r in plain]))
+            else:
+                table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*(str(cell) for cell in row))
+        console.print(table)
+
+
+def _plain(cell):
+    """A cell without rich markup, for json / csv / md."""
+    from rich.text import Text
+
+    return Text.from_markup(cell).plain if isinstance(cell, str) else cell
+
+
 def default_device() -> str:
     import torch
 
@@ -102,6 +159,7 @@ def list_command(
     kv_dtype: Annotated[str, typer.Option(help="--dispatch: float16 or bfloat16.")] = "float16",
     dist: Annotated[str, typer.Option(help="--dispatch: acceptance distribution giving E[k] (binomial: αγ; geometric).")] = "binomial",
     gpu: Annotated[str | None, typer.Option(help="--dispatch: decide for this GPU name's profile (default: this machine's GPU).")] = None,
+    fmt: FormatOption = "table",
 ) -> None:
     """List every registered implementation, where it runs, and why it cannot run here."""
     from sdbench import registry
@@ -113,15 +171,14 @@ def list_command(
     if op is not None and op not in registry.OPERATIONS:
         registry.get(op, "")  # raises the one-line error with a suggestion
     device = device or default_device()
-    table = Table(title=f"sdbench implementations (availability on {device})")
-    for column in ("operation", "name", "backend", "available", "notes", "description"):
-        table.add_column(column)
+    rows = []
     for impl in registry.implementations(op):
         reason = impl.unavailable_reason(device)
         notes = ", ".join(word for word, flag in (("syncs", impl.sync), ("peer", impl.peer)) if flag)
         available = "[green]yes[/]" if reason is None else f"[red]no[/]: {reason}"
-        table.add_row(impl.op, impl.name, impl.backend, available, notes, impl.description)
-    console.print(table)
+        rows.append([impl.op, impl.name, impl.backend, available, notes, impl.description])
+    emit(f"sdbench implementations (availability on {device})",
+         ["operation", "name", "backend", "available", "notes", "description"], rows, fmt)
 
 
 def _print_dispatch(b, gamma, alpha, kv_dim, kv_dtype, dist, gpu) -> None:
@@ -192,6 +249,7 @@ def parity_command(
     device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if present).")] = None,
     seed: Annotated[int, typer.Option(help="Base seed; config i uses seed + i.")] = 0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also show registers, shared memory and spills per kernel.")] = False,
+    fmt: FormatOption = "table",
 ) -> None:
     """Prove every available implementation bit-exact against the PyTorch reference over a grid.
 
@@ -223,24 +281,23 @@ def parity_command(
                 err_console.print(f"parity: {done[0]}/{total} configs", highlight=False)
 
         tallies = parity.run_parity(impls, plan.grid, device, seed, progress=line)
-    _print_parity(impls, tallies, device)
+    _print_parity(impls, tallies, device, fmt)
     if verbose:
         _print_ptxas_report()
     if any(t.failed for t in tallies.values()):
         raise typer.Exit(1)
 
 
-def _print_parity(impls, tallies, device: str) -> None:
-    table = Table(title=f"parity against the PyTorch reference ({device})")
-    for column in ("operation", "implementation", "pass", "fail", "skip", "skip reasons"):
-        table.add_column(column)
+def _print_parity(impls, tallies, device: str, fmt: str = "table") -> None:
+    rows = []
     for impl in impls:
         tally = tallies[impl.key]
         skipped = sum(tally.skipped.values())
         reasons = "; ".join(f"{reason} ({n})" for reason, n in tally.skipped.items())
-        fail = f"[red]{tally.failed}[/]" if tally.failed else "0"
-        table.add_row(impl.op, impl.name, str(tally.passed), fail, str(skipped), reasons)
-    console.print(table)
+        fail = f"[red]{tally.failed}[/]" if tally.failed else 0
+        rows.append([impl.op, impl.name, tally.passed, fail, skipped, reasons])
+    emit(f"parity against the PyTorch reference ({device})",
+         ["operation", "implementation", "pass", "fail", "skip", "skip reasons"], rows, fmt)
     for impl in impls:
         if tallies[impl.key].first_failure:
             console.print(f"[red]first failure of {impl.op}/{impl.name}:[/] {tallies[impl.key].first_failure}")
@@ -289,6 +346,7 @@ def sweep_command(
     token_dtype: Annotated[str | None, typer.Option(help="Token dtypes: int64, int32 (default: int64).")] = None,
     kv_dtype: Annotated[str | None, typer.Option(help="KV dtypes: float16, bfloat16 (default: float16).")] = None,
     prob_dtype: Annotated[str | None, typer.Option(help="prob_verify probability dtypes: float32, bfloat16 (default: float32).")] = None,
+    fmt: FormatOption = "table",
 ) -> None:
     """Time every implementation over a grid (parity first) and write parquet rows per config and view.
 
@@ -328,35 +386,42 @@ def sweep_command(
             bar.update(task, total=update.total, completed=update.done, description=update.current or "sweep")
 
         summary = sweep.run_sweep(spec, progress=show)
-    _print_sweep_summary(summary)
+    _print_sweep_summary(summary, fmt)
     if summary.interrupted:
         raise typer.Exit(130)
+    if summary.measured and not summary.timed_rows:
+        raise typer.Exit(1)
 
 
-def _print_sweep_summary(summary) -> None:
+def _print_sweep_summary(summary, fmt: str = "table") -> None:
     title = (
         f"sweep {summary.run_id} on {summary.device}: {summary.measured} configs measured"
         f"{f', {summary.skipped} already present' if summary.skipped else ''} -> {summary.out_dir}"
     )
-    table = Table(title=title, caption="µs: median over configs of each config's median")
-    table.add_column("implementation")
-    for status in ("ok", "failed", "unavailable", "error"):
-        table.add_column(status, justify="right")
-    for view in summary.views:
-        table.add_column(f"{view} µs", justify="right")
+    statuses = ("ok", "failed", "unavailable", "error")
+    rows = []
     for name in summary.impls:
         counts = summary.statuses[name]
-        cells = [str(counts.get(status, 0)) for status in ("ok", "failed", "unavailable", "error")]
+        cells = [counts.get(status, 0) for status in statuses]
         for view in summary.views:
             median = summary.median_of_medians(name, view)
             cells.append("-" if median is None else f"{median:.1f}")
-        table.add_row(name, *cells)
-    console.print(table)
+        rows.append([name, *cells])
+    emit(title, ["implementation", *statuses, *(f"{view} µs" for view in summary.views)], rows, fmt, identifiers=1)
+    if fmt == "table":
+        console.print("µs: median over configs of each config's median", highlight=False)
     if summary.interrupted:
         err_console.print(
             f"[yellow]interrupted:[/] {summary.measured} finished configs kept in {summary.out_dir}; "
             f"{summary.remaining} left (rerun with --resume to finish)"
         )
+    if summary.measured and (summary.failed_rows or not summary.timed_rows):
+        headline = ("[bold red]no row was timed[/]" if not summary.timed_rows else
+                    f"[yellow]{summary.failed_rows} rows failed or raised[/] ({summary.timed_rows} timed)")
+        err_console.print(f"{headline}; why, by reason:", highlight=False)
+        for reason, names in summary.reasons.items():
+            if not summary.timed_rows or not reason.startswith("unavailable"):
+                err_console.print(f"  {', '.join(names)}: {reason}", highlight=False, markup=False)
 
 
 # --- profile -----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sdbench.errors import SdbenchError
+from sdbench.errors import SdbenchError, writable_folder
 
 PROFILE_VERSION = 1
 PROFILES_ENV = "SDBENCH_PROFILES"
@@ -206,8 +206,7 @@ def loads(text: str, where: str = "profile") -> Profile:
 
 
 def write_profile(profile: Profile, directory: str | Path | None = None) -> Path:
-    directory = Path(directory) if directory is not None else profiles_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = writable_folder(directory if directory is not None else profiles_dir(), "--profiles")
     path = directory / f"{profile.slug}.toml"
     temporary = path.with_suffix(".toml.tmp")
     temporary.write_text(dumps(profile))

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import sdbench
-from sdbench.errors import SdbenchError, closest
+from sdbench.errors import SdbenchError, closest, writable_folder
 from sdbench.measure import results, tools
 from sdbench.ops.workload import VerifyConfig
 
@@ -394,6 +394,7 @@ def validate(request: ProfileRequest) -> None:
     if request.op not in registry.OPERATIONS:
         registry.get(request.op, "")  # raises the one-line error with a suggestion
     registry.select(request.op, list(request.impls))  # unknown implementation: one line with a suggestion
+    writable_folder(request.out_dir)
 
 
 def run_profile(request: ProfileRequest, progress=None) -> ProfileReport:

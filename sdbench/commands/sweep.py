@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from sdbench import parity, registry
-from sdbench.errors import SdbenchError, closest
+from sdbench.errors import SdbenchError, closest, writable_folder
 from sdbench.measure import environment as envinfo
 from sdbench.measure import results, timing
 from sdbench.ops import backends, make_workload
@@ -153,6 +153,7 @@ def validate(spec: SweepSpec) -> None:
     if not 0 <= spec.shard_index < spec.shard_count:
         raise SdbenchError(f"--shard: needs 0 <= i < n, got {spec.shard_index}/{spec.shard_count}")
     backends.validate_device(spec.device)
+    writable_folder(spec.out_dir)
     registry.select(spec.op, list(spec.impls))  # unknown names raise with a suggestion
     grid(spec)  # every config validates its own values
 
@@ -227,6 +228,9 @@ class SweepSummary:
     parts: list[Path] = field(default_factory=list)
     medians_us: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (impl, view) -> per config
     statuses: dict[str, dict[str, int]] = field(default_factory=dict)  # impl -> status -> configs
+    timed_rows: int = 0  # ok rows of implementations (the launch floor not counted)
+    failed_rows: int = 0  # rows that failed parity or raised
+    reasons: dict[str, list[str]] = field(default_factory=dict)  # why rows were not timed -> implementations
 
     @property
     def remaining(self) -> int:
@@ -247,6 +251,15 @@ class SweepSummary:
                 counts[row["status"]] = counts.get(row["status"], 0) + 1
             if row["status"] == "ok":
                 self.medians_us.setdefault((row["impl"], row["view"]), []).append(row["median_us"])
+            if row["impl"] == timing.LAUNCH_FLOOR:
+                continue
+            if row["status"] == "ok":
+                self.timed_rows += 1
+                continue
+            self.failed_rows += row["status"] in ("failed", "error")
+            names = self.reasons.setdefault(f"{row['status']}: {row['reason'] or 'no reason given'}", [])
+            if row["impl"] not in names:
+                names.append(row["impl"])
 
 
 # --- running -----------------------------------------------------------------------------------

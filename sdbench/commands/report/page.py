@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from sdbench.commands.report import Report, plots
-from sdbench.errors import SdbenchError
+from sdbench.errors import SdbenchError, writable_folder
 
 
 # --- output -----------------------------------------------------------------------------------------------
@@ -80,8 +80,8 @@ def write_report(report: Report, out_dir: str | Path) -> list[Path]:
 def _staging_folder(out: Path) -> Path:
     if out.exists() and not out.is_dir():
         raise SdbenchError(f"--out {str(out)!r} is a file, not a folder: name a folder for the report")
+    writable_folder(out.parent)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     except OSError as err:
         raise SdbenchError(f"cannot write the report into {str(out)!r} ({err.strerror or err}): "
