@@ -80,7 +80,11 @@ def write_report(report: Report, out_dir: str | Path) -> list[Path]:
 def _staging_folder(out: Path) -> Path:
     if out.exists() and not out.is_dir():
         raise SdbenchError(f"--out {str(out)!r} is a file, not a folder: name a folder for the report")
-    writable_folder(out.parent)
+    try:
+        writable_folder(out.parent)
+    except SdbenchError:
+        raise SdbenchError(f"--out {str(out)!r}: its folder cannot be written; choose a folder you can write, "
+                           "e.g. --out results/report") from None
     try:
         return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     except OSError as err:
