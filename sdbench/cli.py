@@ -544,6 +544,8 @@ def report_command(
     seed: Annotated[int, typer.Option(help="--compare: bootstrap seed.")] = 0,
     ceiling_gbps: Annotated[float | None, typer.Option(help="Copy-bandwidth ceiling in GB/s (default: the GPU's profile, else the best achieved).")] = None,
     max_rows: Annotated[int, typer.Option(help="Rows per table printed here (report.md holds them all).")] = 60,
+    table: Annotated[str | None, typer.Option("--table", help="Only the tables whose title contains this (e.g. latency).")] = None,
+    fmt: FormatOption = "table",
 ) -> None:
     """Tables (and with --out, plots and HTML) from sweep results; --compare A B hunts regressions."""
     from pathlib import Path
@@ -555,10 +557,18 @@ def report_command(
         _report_compare(results, wheres, threshold, seed, out, max_rows)
         return
     built = report.build_report(results, wheres, parse_name_list(impl) or None, baseline, view, ceiling_gbps)
+    tables = report.select_tables(built, table)
+    if fmt != "table":  # machine-readable: the tables alone, every row
+        for shown in tables:
+            if fmt == "md":
+                console.print(shown.markdown(), end="", highlight=False, markup=False, soft_wrap=True)
+            else:
+                emit(shown.title, shown.columns, shown.rows, fmt, identifiers=3)
+        return
     for note in built.notes:
         console.print(f"[dim]{note}[/]", highlight=False)
-    for table in built.tables:
-        console.print(table.rich(max_rows=max_rows))
+    for shown in tables:
+        console.print(shown.rich(max_rows=max_rows))
     if out is not None:
         from sdbench.commands.report import page
 

@@ -194,6 +194,7 @@ def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.Timi
         "trace_sha256": results.trace_sha256(cfg.trace_path) if cfg.dist == "trace" else None,
         "token_dtype": cfg.token_dtype, "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype,
         "seed": cfg.seed, "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,
+        "settings": f"warmup={options.warmup} iters={options.iters} gpu_iters={options.gpu_iters}",
     }
 
 

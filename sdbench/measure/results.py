@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from sdbench.errors import SdbenchError
 
 SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)  # version 1 lacks fixed_length and trace_sha256: they read as null
+READABLE_SCHEMA_VERSIONS = (1, 2)  # version 1 lacks fixed_length, trace_sha256 and settings: they read as null
 PART_GLOB = "part-*.parquet"
 
 SCHEMA = pa.schema([
@@ -68,6 +68,7 @@ SCHEMA = pa.schema([
     ("warmup", pa.int32()),
     ("iters", pa.int32()),
     ("cold_l2", pa.bool_()),
+    ("settings", pa.string()),
     ("median_us", pa.float64()),
     ("p95_us", pa.float64()),
     ("min_us", pa.float64()),
@@ -83,13 +84,15 @@ COLUMNS = tuple(SCHEMA.names)
 STATUSES = ("ok", "failed", "unavailable", "error")
 VIEWS = ("wall", "graph", "gpu", "cpu")
 
-# THE config key: what a row measured (the workload) and how (L2 state, warm-up, iterations). --resume,
+# THE config key: what a row measured (the workload) and how (L2 state, and `settings`: the sweep's
+# warm-up and iteration counts, one string shared by every view of a config — a row's own `iters` differ
+# by view, the gpu view profiling fewer). --resume,
 # the report's cells, compare and calibrate-tau all group rows by it; rows that differ in any of these
 # columns never pool. The machine columns are added where runs of one machine belong together (resume,
 # report) and left out where runs are matched across machines (compare).
 CONFIG_COLUMNS = (
     "op", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist", "fixed_length", "trace_sha256",
-    "token_dtype", "kv_dtype", "seed", "cold_l2", "warmup", "iters",
+    "token_dtype", "kv_dtype", "seed", "cold_l2", "settings",
 )
 MACHINE_COLUMNS = ("device", "gpu_name")
 ConfigKey = tuple

@@ -16,7 +16,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "results-schema.md"
 def _config(**changes):
     values = {"op": "verify", "device": "cpu", "batch_size": 32, "gamma": 8, "alpha": 0.3, "kv_dim": 0,
               "vocab_size": 32000, "dist": "binomial", "fixed_length": None, "trace_sha256": None, "token_dtype": "int64",
-              "kv_dtype": "float16", "seed": 0, "warmup": 20, "iters": 3, "cold_l2": False, "gpu_name": "NVIDIA H100 80GB HBM3"}
+              "kv_dtype": "float16", "seed": 0, "cold_l2": False, "settings": "warmup=20 iters=3 gpu_iters=50",
+              "gpu_name": "NVIDIA H100 80GB HBM3"}
     return {**values, **changes}
 
 
@@ -27,7 +28,7 @@ def _ok_row(**changes):
         "torch_version": "2.11.0", "triton_version": "3.6.0", "sdbench_version": "0.1.0", "git_sha": "abc",
         "hostname": "h100", "python_version": "3.12.3", "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
         "mean_accepted_length": 2.4, "accepted_kv_bytes": 0, "impl": "ballot", "backend": "cuda", "is_peer": False,
-        "syncs": False, "view": "wall", "status": "ok", "reason": None,
+        "syncs": False, "view": "wall", "status": "ok", "reason": None, "warmup": 20, "iters": 3,
         "median_us": 2.0, "p95_us": 2.9, "min_us": 1.0, "mean_us": 2.0, "std_us": 1.0, "samples_us": [1.0, 2.0, 3.0],
         "launch_floor_us": 18.5, "bytes_moved": None, "achieved_gbps": None,
     }
@@ -124,9 +125,9 @@ def test_part_names_are_readable_and_distinct():
 
 def test_version_1_files_read_with_the_new_columns_null(tmp_path):
     """Committed results predate fixed_length / trace_sha256: they still read, with those columns null."""
-    table = results.to_table([_ok_row()]).drop_columns(["fixed_length", "trace_sha256"])
+    table = results.to_table([_ok_row(settings=None)]).drop_columns(["fixed_length", "trace_sha256", "settings"])
     table = table.set_column(0, "schema_version", pa.array([1], pa.int32()))
     pq.write_table(table, tmp_path / "part-old.parquet")
     (row,) = results.read_rows(tmp_path)
     assert row["fixed_length"] is None and row["trace_sha256"] is None and row["schema_version"] == 1
-    assert results.done_configs(tmp_path) == {results.config_key(_config())}
+    assert results.done_configs(tmp_path) == {results.config_key(_config(settings=None))}

@@ -294,6 +294,17 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
     return report
 
 
+def select_tables(report: Report, title_part: str | None) -> list[ReportTable]:
+    """The report's tables whose title contains title_part (case-insensitive); all of them for None."""
+    if title_part is None:
+        return report.tables
+    chosen = [table for table in report.tables if title_part.lower() in table.title.lower()]
+    if not chosen:
+        raise SdbenchError(f"--table {title_part!r} matches no table; the tables are: "
+                           + "; ".join(table.title for table in report.tables))
+    return chosen
+
+
 def _empty_message(paths: list[str | Path], wheres: list[Where]) -> str:
     """Why nothing is left: the filter (with the values its columns do take), or no timed rows at all."""
     pl = require_polars()
