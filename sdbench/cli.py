@@ -346,6 +346,8 @@ def sweep_command(
     token_dtype: Annotated[str | None, typer.Option(help="Token dtypes: int64, int32 (default: int64).")] = None,
     kv_dtype: Annotated[str | None, typer.Option(help="KV dtypes: float16, bfloat16 (default: float16).")] = None,
     prob_dtype: Annotated[str | None, typer.Option(help="prob_verify probability dtypes: float32, bfloat16 (default: float32).")] = None,
+    max_noise: Annotated[float | None, typer.Option(help="wall/graph: keep sampling while the median's relative standard error is above this (default 0.01).")] = None,
+    max_time: Annotated[float | None, typer.Option(help="...for at most this many seconds per view and config (default 0.5; 0: exactly --iters samples).")] = None,
     fmt: FormatOption = "table",
 ) -> None:
     """Time every implementation over a grid (parity first) and write parquet rows per config and view.
@@ -371,7 +373,7 @@ def sweep_command(
         device=device or default_device(), out_dir=Path(out), warmup=warmup, iters=iters, cold_l2=cold_l2 or None, shard_index=shard_index,
         shard_count=shard_count, resume=resume or None, seed=seed, run_id=run_id,
         token_dtypes=parse_name_list(token_dtype) or None, kv_dtypes=parse_name_list(kv_dtype) or None,
-        prob_dtypes=parse_name_list(prob_dtype) or None,
+        prob_dtypes=parse_name_list(prob_dtype) or None, max_noise=max_noise, max_time=max_time,
     )
     sweep.validate(spec)  # bad input fails here, before the progress bar draws
     sweep.check_op_available(spec.op)

@@ -72,6 +72,8 @@ class SweepSpec:
     warmup: int = 20
     iters: int = 200
     gpu_iters: int = 50  # iterations profiled for the gpu view
+    max_noise: float = 0.01  # wall / graph: sample past iters until the median's relative SE is under this...
+    max_time: float = 0.5  # ...or this many seconds per view and config were spent (0: exactly iters samples)
     cold_l2: bool = False
     shard_index: int = 0
     shard_count: int = 1
@@ -148,6 +150,10 @@ def validate(spec: SweepSpec) -> None:
         raise SdbenchError(f"--warmup must be >= 0, got {spec.warmup}")
     if spec.iters < 1:
         raise SdbenchError(f"--iters must be >= 1, got {spec.iters}")
+    if not 0 < spec.max_noise < 1:
+        raise SdbenchError(f"--max-noise must be in (0, 1), e.g. 0.01 for 1%, got {spec.max_noise}")
+    if spec.max_time < 0:
+        raise SdbenchError(f"--max-time must be >= 0 seconds, got {spec.max_time}")
     if spec.gpu_iters < 1:
         raise SdbenchError(f"gpu_iters must be >= 1, got {spec.gpu_iters}")
     if not 0 <= spec.shard_index < spec.shard_count:
@@ -194,7 +200,8 @@ def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.Timi
         "trace_sha256": results.trace_sha256(cfg.trace_path) if cfg.dist == "trace" else None,
         "token_dtype": cfg.token_dtype, "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype,
         "seed": cfg.seed, "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,
-        "settings": f"warmup={options.warmup} iters={options.iters} gpu_iters={options.gpu_iters}",
+        "settings": (f"warmup={options.warmup} iters={options.iters} gpu_iters={options.gpu_iters} "
+                     f"max_noise={options.max_noise:g} max_time={options.max_time_s:g}"),
     }
 
 
@@ -287,7 +294,8 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
     device = str(torch.device(spec.device))
     configs = grid(spec)
     mine = shard(configs, spec.shard_index, spec.shard_count)
-    options = timing.TimingOptions(warmup=spec.warmup, iters=spec.iters, gpu_iters=spec.gpu_iters, cold_l2=spec.cold_l2)
+    options = timing.TimingOptions(warmup=spec.warmup, iters=spec.iters, gpu_iters=spec.gpu_iters, cold_l2=spec.cold_l2,
+                                   max_noise=spec.max_noise, max_time_s=spec.max_time)
     done = results.done_configs(spec.out_dir) if spec.resume else set()
     machine = {"gpu_name": envinfo.collect(device).get("gpu_name")} if done else {}
     todo = [cfg for cfg in mine
@@ -365,13 +373,14 @@ def measure_config(
     for impl in impls:
         if impl.name in runs:
             rows_of[impl.name] = [
-                _timed_row(base, impl, view, timings[impl.name][view], workload_columns) for view in views
+                _timed_row(base, impl, view, timings[impl.name][view], workload_columns, options.max_noise)
+                for view in views
             ]
             for row in rows_of[impl.name]:
                 if row["status"] == "ok" and impl.name in notes:
                     row["reason"] = notes[impl.name]
     rows = [row for impl in impls for row in rows_of[impl.name]]
-    rows.extend(_floor_rows(base, floor, views, timings.get(timing.LAUNCH_FLOOR)))
+    rows.extend(_floor_rows(base, floor, views, timings.get(timing.LAUNCH_FLOOR), options.max_noise))
     gpu_iters = min(options.iters, options.gpu_iters)
     for row in rows:
         row.update(
@@ -459,15 +468,18 @@ def _row(base: dict[str, Any], impl: Implementation, view: str, status: str, rea
     }
 
 
-def _with_stats(row: dict[str, Any], result: timing.ViewResult) -> dict[str, Any]:
+def _with_stats(row: dict[str, Any], result: timing.ViewResult, max_noise: float) -> dict[str, Any]:
     stats = result.stats
     if stats is not None:
-        row.update(dataclasses.asdict(stats), samples_us=list(result.samples_us))
+        noise = timing.median_noise(result.samples_us)
+        row.update(dataclasses.asdict(stats), samples_us=list(result.samples_us), noise=noise,
+                   noisy=noise is None or noise > max_noise)
     return row
 
 
-def _timed_row(base, impl: Implementation, view: str, result: timing.ViewResult, workload_columns) -> dict[str, Any]:
-    row = _with_stats(_row(base, impl, view, result.status, result.reason), result)
+def _timed_row(base, impl: Implementation, view: str, result: timing.ViewResult, workload_columns,
+               max_noise: float) -> dict[str, Any]:
+    row = _with_stats(_row(base, impl, view, result.status, result.reason), result, max_noise)
     bytes_moved = workload_columns["bytes_moved"]
     row["bytes_moved"] = bytes_moved
     if bytes_moved is not None and row.get("median_us"):
@@ -475,7 +487,7 @@ def _timed_row(base, impl: Implementation, view: str, result: timing.ViewResult,
     return row
 
 
-def _floor_rows(base, floor: LaunchFloor, views, floor_timings) -> list[dict[str, Any]]:
+def _floor_rows(base, floor: LaunchFloor, views, floor_timings, max_noise: float) -> list[dict[str, Any]]:
     rows = []
     for view in views:
         row = {
@@ -487,7 +499,7 @@ def _floor_rows(base, floor: LaunchFloor, views, floor_timings) -> list[dict[str
         else:
             result = floor_timings[view]
             row.update(status=result.status, reason=result.reason if result.status != "ok" else floor.reason)
-            _with_stats(row, result)
+            _with_stats(row, result, max_noise)
         rows.append(row)
     return rows
 

@@ -75,6 +75,8 @@ SCHEMA = pa.schema([
     ("mean_us", pa.float64()),
     ("std_us", pa.float64()),
     ("samples_us", pa.list_(pa.float64())),
+    ("noise", pa.float64()),
+    ("noisy", pa.bool_()),
     ("launch_floor_us", pa.float64()),
     ("bytes_moved", pa.int64()),
     ("achieved_gbps", pa.float64()),

@@ -198,8 +198,8 @@ def _compare_pair(tmp_path, factor: float) -> list:
 
 def test_compare_flags_a_planted_2x_regression_and_nothing_else(tmp_path):
     found = _compare_pair(tmp_path, 2.0)
-    flagged = [c for c in found if c.verdict != "no change"]
-    assert flagged and all(c.verdict == "slower" and c.get("impl") == "ballot" for c in flagged)
+    flagged = [c for c in found if c.verdict in ("SLOWER", "FASTER")]
+    assert flagged and all(c.verdict == "SLOWER" and c.get("impl") == "ballot" for c in flagged)
     assert {(c.get("batch_size"), c.get("gamma")) for c in flagged} == {(32, 128)}
     assert len(flagged) == 3 * 3  # three α × three views
     assert all(c.low > 1.8 for c in flagged)
@@ -207,7 +207,21 @@ def test_compare_flags_a_planted_2x_regression_and_nothing_else(tmp_path):
 
 def test_compare_does_not_flag_a_2_percent_change(tmp_path):
     found = _compare_pair(tmp_path, 1.02)
-    assert all(c.verdict == "no change" for c in found)
+    assert all(c.verdict in ("SAME", "NOISY") for c in found)
+    assert sum(c.verdict == "SAME" for c in found) > len(found) / 2
+
+
+@pytest.mark.parametrize("ratio, low, high, noisy, verdict", [
+    (2.0, 1.9, 2.1, False, "SLOWER"),
+    (0.5, 0.45, 0.55, False, "FASTER"),
+    (1.01, 0.99, 1.03, False, "SAME"),        # inside the ±5% band
+    (1.03, 1.02, 1.04, False, "SAME"),        # real, but under the threshold
+    (1.0, 0.7, 1.4, False, "NOISY"),          # too wide to tell either way
+    (1.3, 0.9, 1.8, False, "NOISY"),          # large, but the interval includes 1
+    (2.0, 1.9, 2.1, True, "NOISY"),           # a run said the row was noisy: never a verdict of change
+])
+def test_the_compare_classifier(ratio, low, high, noisy, verdict):
+    assert compare.judge(ratio, low, high, 0.05, noisy)[0] == verdict
 
 
 def test_compare_cli(tmp_path):
@@ -216,8 +230,8 @@ def test_compare_cli(tmp_path):
     result = runner.invoke(app, ["report", "--compare", str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet"),
                                  "--where", "op=verify", "--out", str(tmp_path / "cmp")])
     assert result.exit_code == 0, result.output
-    assert "9 slower" in result.output
-    assert (tmp_path / "cmp" / "compare.md").read_text().count("| slower |") == 9
+    assert "9 SLOWER" in result.output
+    assert (tmp_path / "cmp" / "compare.md").read_text().count("| SLOWER |") == 9
 
 
 # --- errors ---------------------------------------------------------------------------------------

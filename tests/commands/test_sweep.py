@@ -339,3 +339,18 @@ def test_resume_remeasures_when_a_setting_changes(tmp_path, change):
     again = sweep.run_sweep(sweep.build_spec(out_dir=out, **second))
     assert (again.measured, again.skipped) == (1, 0)
     assert len({results.config_key(row) for row in results.read_rows(out)}) == 2
+
+
+def test_rows_record_their_median_noise_and_the_noisy_flag(tmp_path):
+    spec = sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[2], gammas=[4], alphas=[0.5],
+                            device="cpu", warmup=0, iters=20, max_noise=0.5, out_dir=tmp_path)
+    sweep.run_sweep(spec)
+    (row,) = [r for r in results.read_rows(tmp_path) if r["impl"] == "torch_eager"]
+    assert row["noise"] is not None and row["noise"] >= 0
+    assert row["noisy"] == (row["noise"] > 0.5)
+    assert "max_noise=0.5" in row["settings"]
+
+
+def test_a_meaningless_noise_budget_is_refused():
+    with pytest.raises(SdbenchError, match="--max-noise"):
+        sweep.validate(sweep.build_spec(device="cpu", max_noise=0.0))
