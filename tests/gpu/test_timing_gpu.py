@@ -130,4 +130,8 @@ def test_quick_preset_sweep_writes_parquet(tmp_path):
     for row in rows:
         if row["status"] == "ok":
             assert row["median_us"] > 0 and row["launch_floor_us"] > 0
-            assert len(row["samples_us"]) == row["iters"]
+            if row["view"] == "gpu":
+                assert len(row["samples_us"]) == row["iters"]
+            else:  # noise-aware: whole batches of iters, more only while the row was noisy
+                assert len(row["samples_us"]) % row["iters"] == 0 and len(row["samples_us"]) >= row["iters"]
+            assert row["noise"] is not None and row["noisy"] == (row["noise"] > 0.01)
