@@ -43,7 +43,7 @@ def _prepare_flashinfer(w: ProbWorkload):
 
     params = inspect.signature(chain_speculative_sampling).parameters
     batch, gamma = w.draft_tokens.shape
-    outputs = allocate_outputs(w)
+    outputs = allocate_outputs(w, error_flags=False)  # FlashInfer checks no token ids
     draft_ids = w.draft_tokens.to(torch.int32)  # FlashInfer's id type; a caller would keep them int32
     accepted_num = torch.zeros(batch, dtype=torch.int32, device=w.device)
     emitted_num = torch.zeros(batch, dtype=torch.int32, device=w.device)

@@ -3,7 +3,13 @@ the `serial_sampler` peer (vLLM V1's random path). Kernels in sdbench.ops.prob_v
 
 Supplied randomness: every entry reads `uniforms` and `exponential_noise` and must equal the reference
 token for token (parity). Fast: `fused` and `flashspec` draw Philox randomness in-kernel from (seed,
-offset); `serial_sampler` draws PyTorch uniforms and noise before its kernels, as vLLM V1 does.
+offset); the offset lives in a device counter (int64 [B]) that starts at workload.offset at prepare and
+that the kernels advance by one per call, so every timed call and every CUDA-graph replay draws fresh
+numbers with no host sync (the same seed and starting offset reproduce the same sequence of calls).
+`serial_sampler` draws PyTorch uniforms and noise before its kernels, as vLLM V1 does.
+
+Every entry writes error_flags (sdbench.ops.input_contract): a draft token outside [0, V) is read
+as p = q = 0 and flagged, never loaded.
 
 Triton kernels are imported lazily (in prepare), so this module registers its entries on machines
 without Triton, and the interpreter mode is whatever TRITON_INTERPRET said before the first prepare.
@@ -58,7 +64,8 @@ def _prepare_fused(w: ProbWorkload):
     plan = kernels.default_fused_plan(batch, w.config.vocab_size, w.device)
     inputs = _inputs(w)
     inputs.check()
-    launch = kernels.fused_launcher(inputs, outputs, best, arrivals, plan, w.randomness == "fast", w.seed, w.offset)
+    offsets = kernels.philox_offsets(batch, w.offset, w.device)  # advanced on the device, call by call
+    launch = kernels.fused_launcher(inputs, outputs, best, arrivals, plan, w.randomness == "fast", w.seed, offsets)
     return warm_up(BufferedRun(launch, outputs), w)
 
 
@@ -70,7 +77,8 @@ def _prepare_flashspec(w: ProbWorkload):
     accepted = torch.empty((batch, gamma), dtype=torch.int8, device=w.device)
     inputs = _inputs(w)
     inputs.check()
-    launch = kernels.flashspec_launcher(inputs, outputs, accepted, w.randomness == "fast", w.seed, w.offset)
+    offsets = kernels.philox_offsets(batch, w.offset, w.device)  # advanced on the device, call by call
+    launch = kernels.flashspec_launcher(inputs, outputs, accepted, w.randomness == "fast", w.seed, offsets)
     return warm_up(BufferedRun(launch, outputs), w)
 
 
