@@ -210,7 +210,7 @@ def parity_command(
     from sdbench import parity, registry
 
     device = _check_device(device)
-    grid = parity.QUICK_GRID if quick else parity.ParityGrid()
+    grid = parity.quick_grid(device) if quick else parity.ParityGrid()
     overrides = {
         "batch_sizes": b and parse_int_list(b, "--b", minimum=1),
         "gammas": gamma and parse_int_list(gamma, "--gamma", minimum=1),
