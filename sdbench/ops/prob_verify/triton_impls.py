@@ -55,6 +55,14 @@ def _inputs(w: ProbWorkload, uniforms: torch.Tensor | None = None, noise: torch.
     )
 
 
+def _from_offset(run: BufferedRun, offsets: torch.Tensor, w: ProbWorkload) -> BufferedRun:
+    """Rewind the offset counters the warm-up advanced, so a prepared run's first call draws at
+    workload.offset on every device; `run.philox_offsets` exposes them (tests read them)."""
+    offsets.fill_(w.offset)
+    run.philox_offsets = offsets
+    return run
+
+
 def _prepare_fused(w: ProbWorkload):
     kernels = _triton()
     outputs = allocate_outputs(w)
@@ -66,7 +74,7 @@ def _prepare_fused(w: ProbWorkload):
     inputs.check()
     offsets = kernels.philox_offsets(batch, w.offset, w.device)  # advanced on the device, call by call
     launch = kernels.fused_launcher(inputs, outputs, best, arrivals, plan, w.randomness == "fast", w.seed, offsets)
-    return warm_up(BufferedRun(launch, outputs), w)
+    return _from_offset(warm_up(BufferedRun(launch, outputs), w), offsets, w)
 
 
 def _prepare_flashspec(w: ProbWorkload):
@@ -79,7 +87,7 @@ def _prepare_flashspec(w: ProbWorkload):
     inputs.check()
     offsets = kernels.philox_offsets(batch, w.offset, w.device)  # advanced on the device, call by call
     launch = kernels.flashspec_launcher(inputs, outputs, accepted, w.randomness == "fast", w.seed, offsets)
-    return warm_up(BufferedRun(launch, outputs), w)
+    return _from_offset(warm_up(BufferedRun(launch, outputs), w), offsets, w)
 
 
 def _prepare_serial(w: ProbWorkload):

@@ -79,11 +79,25 @@ def test_triton_on_cpu_without_interpreter_says_why():
         assert reason and ("TRITON_INTERPRET" in reason or "not installed" in reason), reason
 
 
-def test_flashinfer_chain_is_optional_with_a_reason():
-    impl = registry.get("prob_verify", "flashinfer_chain")
+@pytest.mark.parametrize("name", ["flashinfer_chain", "flashinfer_chain+adapter"])
+def test_flashinfer_chain_is_optional_with_a_reason(name):
+    impl = registry.get("prob_verify", name)
     assert impl.unavailable_reason("cpu")
     if not torch.cuda.is_available():
         assert impl.unavailable_reason("cuda") == "needs a CUDA device"
+
+
+def test_flashinfer_source_names_the_include_folder(monkeypatch, tmp_path):
+    from sdbench.ops.prob_verify import flashinfer_impls
+
+    monkeypatch.setattr(flashinfer_impls, "_package_reason", lambda: "flashinfer is not installed")
+    monkeypatch.delenv(flashinfer_impls.INCLUDE_ENV, raising=False)
+    assert flashinfer_impls.flashinfer_source().startswith("none: flashinfer is not installed")
+    monkeypatch.setenv(flashinfer_impls.INCLUDE_ENV, str(tmp_path))
+    assert "holds no flashinfer/sampling.cuh" in flashinfer_impls.flashinfer_source()
+    (tmp_path / "flashinfer").mkdir()
+    (tmp_path / "flashinfer" / "sampling.cuh").write_text("// header")
+    assert flashinfer_impls.flashinfer_source() == f"JIT build of flashinfer/sampling.cuh from SDBENCH_FLASHINFER_INCLUDE={tmp_path}"
 
 
 # --- the interpreter run -----------------------------------------------------------------------
