@@ -154,8 +154,10 @@ at::Tensor workspace_for(int64_t elems, const at::Tensor& like) {
   return at::empty({elems > 0 ? elems : 1}, like.options().dtype(at::kLong));
 }
 
-void pack_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
-             at::Tensor& packed_offsets) {
+// error_flags: int32 [B] written with kLengthOutOfRange where a length was clamped, or nullptr
+// (`pack`, whose schema predates the flags, writes none; `pack_flagged` writes them).
+void pack_into(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
+               at::Tensor& packed_offsets, int32_t* error_flags) {
   check_cuda_contiguous(draft_kv, "draft_kv", draft_kv.device());
   TORCH_CHECK(draft_kv.dim() == 3, "sdbench: draft_kv must be [B, gamma, kv_dim], got ", draft_kv.sizes());
   const int64_t batch = draft_kv.size(0), gamma = draft_kv.size(1);
@@ -167,9 +169,20 @@ void pack_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at:
   const int64_t elems = pack_workspace_elems(batch, gamma, row_bytes);
   at::Tensor workspace = elems > 0 ? workspace_for(elems, draft_kv) : at::Tensor();
   check_launch(launch_pack(draft_kv.data_ptr(), accepted_lengths.data_ptr<int64_t>(), packed_kv.data_ptr(),
-                           packed_offsets.data_ptr<int64_t>(), batch, gamma, row_bytes,
+                           packed_offsets.data_ptr<int64_t>(), error_flags, batch, gamma, row_bytes,
                            elems > 0 ? workspace.data_ptr<int64_t>() : nullptr, current_stream()),
                "pack");
+}
+
+void pack_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
+             at::Tensor& packed_offsets) {
+  pack_into(draft_kv, accepted_lengths, packed_kv, packed_offsets, nullptr);
+}
+
+void pack_flagged_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
+                     at::Tensor& packed_offsets, at::Tensor& error_flags) {
+  check_output(error_flags, "error_flags", at::kInt, {draft_kv.size(0)}, draft_kv.device());
+  pack_into(draft_kv, accepted_lengths, packed_kv, packed_offsets, error_flags.data_ptr<int32_t>());
 }
 
 struct FusedArgs {
@@ -224,6 +237,7 @@ void fused_op(const at::Tensor& draft_tokens, const at::Tensor& target_tokens, c
 void empty_meta(const at::Tensor&) {}
 void verify_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&) {}
 void pack_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&) {}
+void pack_flagged_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&) {}
 void fused_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&,
                 at::Tensor&, at::Tensor&) {}
 
@@ -241,6 +255,9 @@ TORCH_LIBRARY(sdbench, m) {
   m.def("pack_naive(Tensor draft_kv, Tensor accepted_lengths) -> (Tensor, Tensor)");
   m.def("pack(Tensor draft_kv, Tensor accepted_lengths, Tensor(a!) packed_kv, Tensor(b!) packed_offsets) -> ()");
   m.def(
+      "pack_flagged(Tensor draft_kv, Tensor accepted_lengths, Tensor(a!) packed_kv, Tensor(b!) packed_offsets, "
+      "Tensor(c!) error_flags) -> ()");
+  m.def(
       "fused_single_block(Tensor draft_tokens, Tensor target_tokens, Tensor draft_kv, Tensor(a!) accepted_lengths, "
       "Tensor(b!) has_mismatch, Tensor(c!) next_tokens, Tensor(d!) packed_kv, Tensor(e!) packed_offsets) -> ()");
   m.def(
@@ -254,6 +271,7 @@ TORCH_LIBRARY_IMPL(sdbench, CUDA, m) {
   m.impl("verify_ballot", &sdbench::verify_ballot_op);
   m.impl("pack_naive", &sdbench::pack_naive_op);
   m.impl("pack", &sdbench::pack_op);
+  m.impl("pack_flagged", &sdbench::pack_flagged_op);
   m.impl("fused_single_block", &sdbench::fused_single_block_op);
   m.impl("fused", &sdbench::fused_op);
 }
@@ -263,6 +281,7 @@ TORCH_LIBRARY_IMPL(sdbench, Meta, m) {
   m.impl("verify_naive", &sdbench::verify_meta);
   m.impl("verify_ballot", &sdbench::verify_meta);
   m.impl("pack", &sdbench::pack_meta);
+  m.impl("pack_flagged", &sdbench::pack_flagged_meta);
   m.impl("fused_single_block", &sdbench::fused_meta);
   m.impl("fused", &sdbench::fused_meta);
 }

@@ -226,9 +226,13 @@ def _run(op: str, entry: registry.Implementation, *, draft_tokens=None, target_t
         draft_kv=draft_kv,
     )
     if entry.writes_into:
-        entry.prepare(workload, out=buffers)()
+        produced = entry.prepare(workload, out=buffers)()
     else:
-        _copy_into(buffers, entry.prepare(workload)())
+        produced = entry.prepare(workload)()
+        _copy_into(buffers, produced)
+    # Outputs beyond the documented ones (error_flags: bad lengths or token ids, set on the device) are
+    # passed through; sdbench.check(outputs) is the caller's explicit sync point that reads them.
+    buffers.update({name: value for name, value in produced.items() if name not in buffers})
     return buffers
 
 

@@ -22,7 +22,7 @@ def _single_block_supports(cfg: VerifyConfig) -> str | None:
 def _prepare_fused(op_name: str):
     def prepare(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
         op = getattr(cuda_ops(), op_name)
-        out = out if out is not None else {**verify_outputs(w), **pack_outputs(w)}
+        out = out if out is not None else {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
         args = (w.draft_tokens, w.target_tokens, w.draft_kv, out["accepted_lengths"], out["has_mismatch"],
                 out["next_tokens"], out["packed_kv"], out["packed_offsets"])
         return BufferedRun(lambda: op(*args), out)
@@ -51,7 +51,7 @@ def _prepare_ballot_pack_torch(w: VerifyWorkload) -> BufferedRun:
 def _prepare_ballot_pack_cuda(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
     ops = cuda_ops()
     ballot, pack_op = ops.verify_ballot, ops.pack
-    out = out if out is not None else {**verify_outputs(w), **pack_outputs(w)}
+    out = out if out is not None else {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
     ballot_args = verify_args(w, out)
     pack_args = (w.draft_kv, out["accepted_lengths"], out["packed_kv"], out["packed_offsets"])
 
