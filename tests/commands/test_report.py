@@ -108,6 +108,15 @@ def test_an_interrupted_report_leaves_the_previous_one_whole(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no staging folder left behind
 
 
+def test_a_report_keeps_the_other_files_of_its_folder(tmp_path):
+    """Reference reports live beside their data/: writing the report must never remove it."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "part.parquet").write_bytes(b"results")
+    page.write_report(report.build_report([FIXTURE]), tmp_path)
+    assert (tmp_path / "data" / "part.parquet").read_bytes() == b"results"
+    assert (tmp_path / "report.md").exists()
+
+
 @pytest.mark.parametrize("where", ["file", "proc"])
 def test_an_unwritable_out_is_one_line_and_exit_2(tmp_path, where):
     out = tmp_path / "a-file" if where == "file" else "/proc/sdbench-report"
@@ -318,3 +327,96 @@ def test_prob_roofline_compares_gpu_time_with_the_read_floor(tmp_path):
     by_impl = {row[1]: row for row in table.rows}
     assert by_impl["fused"][3] == "1.00" and by_impl["fused"][-1] == "yes"
     assert by_impl["torch_eager"][-1] == "no"
+
+
+# --- plots a reader can read -------------------------------------------------------------------------
+def _labelled_ticks(axis, which: str) -> list[str]:
+    """The tick labels a reader sees on one axis (inside its limits, non-empty); the figure is drawn."""
+    low, high = sorted(axis.get_ylim() if which == "y" else axis.get_xlim())
+    ticks = axis.yaxis.get_major_ticks() if which == "y" else axis.xaxis.get_major_ticks()
+    return [tick.label1.get_text() for tick in ticks
+            if tick.label1.get_visible() and tick.label1.get_text() and low <= tick.get_loc() <= high]
+
+
+def _all_plots(built):
+    from sdbench.commands.report import plots
+
+    figures = {}
+    for name, _, draw in plots.planned_plots(built):
+        try:
+            figures[name] = draw()
+        except plots.Skip:
+            continue
+    return figures
+
+
+@pytest.mark.parametrize("spread", ["narrow", "wide"])
+def test_every_plot_has_labelled_ticks_on_every_axis(tmp_path, spread):
+    """Narrow: the CPU case, every time within 2× (a log axis there used to show no label at all)."""
+    import matplotlib.pyplot as plt
+
+    rows = synthetic_results.make_rows() if spread == "wide" else synthetic_results.make_rows(
+        models={("verify", "torch_eager"): lambda c, v: 30.0, ("verify", "ballot"): lambda c, v: 20.0 + c["alpha"]})
+    built = report.build_report([synthetic_results.write(tmp_path / "part.parquet", rows)])
+    figures = _all_plots(built)
+    assert figures
+    for name, figure in figures.items():
+        figure.canvas.draw()
+        for axis in figure.axes:
+            if axis.get_label() == "<colorbar>" or not axis.get_visible():
+                continue
+            shared_y = len(axis.get_shared_y_axes().get_siblings(axis)) > 1
+            for which in ("x", "y"):
+                if which == "y" and shared_y and not axis.get_subplotspec().is_first_col():
+                    continue  # a shared y axis is labelled once, on the row's first panel
+                assert len(_labelled_ticks(axis, which)) >= 2, (name, axis.get_title(), which)
+        plt.close(figure)
+
+
+def test_plots_draw_one_panel_per_value_of_every_axis_they_do_not_show(gpu_report):
+    """b ∈ {4, 32}, γ ∈ {8, 64, 128}, α ∈ {0.3, 0.6, 0.9}, kv_dim ∈ {128, 2048} (verify has no kv_dim)."""
+    import matplotlib.pyplot as plt
+
+    figures = _all_plots(gpu_report)
+    expected = {"latency_vs_gamma_verify.png": 2 * 3, "latency_vs_alpha_verify.png": 2 * 3,
+                "latency_vs_gamma_verify_pack.png": 2 * 3 * 2, "latency_vs_alpha_verify_pack.png": 2 * 3 * 2,
+                "speedup_verify_ballot.png": 2, "speedup_verify_pack_fused_single_block.png": 2 * 2}
+    for name, panels in expected.items():
+        axes = [axis for axis in figures[name].axes if axis.get_visible() and axis.get_label() != "<colorbar>"]
+        assert len(axes) == panels, name
+        titles = [axis.get_title() for axis in axes]
+        assert len(set(titles)) == panels and all("b=" in title for title in titles), titles
+    assert "γ=128" in " ".join(axis.get_title() for axis in figures["latency_vs_alpha_verify.png"].axes)
+    for figure in figures.values():
+        plt.close(figure)
+
+
+def test_a_heatmap_never_drops_a_vocabulary(tmp_path):
+    """prob_verify at V = 32000 and 128256: the old heatmap kept 128256 and silently lost 32000."""
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for vocab in (32000, 128256):
+        part = synthetic_results.make_rows(models={("verify", "torch_eager"): lambda c, v: 30.0 + c["gamma"],
+                                                   ("verify", "ballot"): lambda c, v: 10.0 + c["alpha"]},
+                                           batch_sizes=(32,), run_id="one-run")
+        for row in part:
+            row["vocab_size"] = vocab
+        rows.extend(part)
+    built = report.build_report([synthetic_results.write(tmp_path / "part.parquet", rows)])
+    figure = _all_plots(built)["speedup_verify_ballot.png"]
+    titles = sorted(axis.get_title() for axis in figure.axes if axis.get_label() != "<colorbar>")
+    assert titles == ["vocab=128256", "vocab=32000"]
+    plt.close(figure)
+
+
+def test_plots_say_when_they_pool_runs(tmp_path):
+    import matplotlib.pyplot as plt
+
+    first = synthetic_results.write(tmp_path / "a.parquet", synthetic_results.make_rows(run_id="run-a"))
+    second = synthetic_results.write(tmp_path / "b.parquet", synthetic_results.make_rows(run_id="run-b", seed=1))
+    figures = _all_plots(report.build_report([first, second]))
+    for name, figure in figures.items():
+        title = figure.get_suptitle() or figure.axes[0].get_title()
+        assert "median of 2 pooled runs" in title, name
+        plt.close(figure)

@@ -47,5 +47,8 @@ def test_sampling_impls_agree_with_torch_eager_on_cuda(cuda_models, impl):
     reason = unavailable_reason(impl, 0.8, CUDA)
     if reason is not None:
         pytest.skip(f"{impl}: {reason}")
+    if impl.startswith("flashinfer"):
+        pytest.skip(f"{impl} draws its own randomness (Philox in the kernel): the loop's supplied randomness cannot "
+                    "reach it, so it is checked in distribution (tests/gpu/test_prob_gpu.py), not token for token")
     prompts = PROMPTS * 8
     assert _run(cuda_models, impl, 0.8, prompts) == _run(cuda_models, "torch_eager", 0.8, prompts)

@@ -259,6 +259,7 @@ class Report:
     tables: list[ReportTable] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    run_ids: list[str] = field(default_factory=list)  # more than one: the cells pool several runs
 
     def shown(self, cell: Cell) -> bool:
         return self.shown_impls is None or cell.impl in self.shown_impls
@@ -283,6 +284,9 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
                     shown_impls=set(impls) if impls else None, gpu_label=_gpu_label(frame),
                     ceiling_gbps=None, ceiling_source="", sources=[str(path) for path in paths])
     report.ceiling_gbps, report.ceiling_source = _ceiling(report, ceiling_gbps)
+    report.run_ids = run_ids(frame)
+    if len(report.run_ids) > 1:
+        report.notes.append(pooled_runs_note(frame, report.run_ids))
     if baseline not in known_impls:
         report.notes.append(f"baseline {baseline!r} is not in these results: no speedup-vs-baseline column "
                             f"(choose one of {', '.join(known_impls)} with --baseline)")
@@ -292,6 +296,23 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
         roofline_table(report),
     ]
     return report
+
+
+def run_ids(frame) -> list[str]:
+    """The runs whose timed rows these results hold."""
+    pl = require_polars()
+    timed = frame.filter(pl.col("status") == "ok").select(pl.col("run_id").unique().sort()).collect()
+    return [str(run_id) for run_id in timed.to_series().to_list()]
+
+
+def pooled_runs_note(frame, ids: list[str]) -> str:
+    """Says that several runs were pooled, and how: one median over the runs' medians per config."""
+    pl = require_polars()
+    overlap = frame.filter(pl.col("status") == "ok").group_by(list(CONFIG_KEYS)).agg(
+        pl.col("run_id").n_unique().alias("runs")).filter(pl.col("runs") > 1).select(pl.len()).collect().item()
+    shown = ", ".join(ids[:4]) + (", ..." if len(ids) > 4 else "")
+    return (f"pooled {len(ids)} runs ({shown}): {overlap} configs were measured by more than one run and show the "
+            "median of those runs' medians; one run alone: --where run_id=ID")
 
 
 def select_tables(report: Report, title_part: str | None) -> list[ReportTable]:

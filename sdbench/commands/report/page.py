@@ -93,12 +93,9 @@ def _staging_folder(out: Path) -> Path:
 
 
 def _swap_in(staging: Path, out: Path) -> None:
-    """Replace out by staging with two renames (the old report survives until the new one is complete)."""
-    previous = out.with_name(f".{out.name}.previous")
-    if previous.exists():
-        shutil.rmtree(previous)
-    if out.exists():
-        os.replace(out, previous)
-    os.replace(staging, out)
-    if previous.exists():
-        shutil.rmtree(previous, ignore_errors=True)
+    """Move the finished files into out one rename each, the pages last (a reader never finds a page whose
+    plots are missing). Files of out that the report does not write (its data/, other reports) are kept."""
+    out.mkdir(parents=True, exist_ok=True)
+    pages = ("report.md", "report.html")
+    for path in sorted(staging.iterdir(), key=lambda path: path.name in pages):
+        os.replace(path, out / path.name)
