@@ -8,6 +8,7 @@ supplied randomness; accept_probs within 1e-5 (float32 inputs) / 1e-3 (bfloat16 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from sdbench.ops.workload import VerifyConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops" / "prob_verify"))  # the χ² helpers live with the CPU exactness test
 from test_prob_exactness import (  # noqa: E402
     SIGNIFICANCE,
+    _pairs_of_sequences,
+    _residual_draws_of_two_calls,
     exactness_pvalues,
     fixed_distributions,
     make_rounds,
@@ -352,3 +355,52 @@ def test_fused_split_sweep_is_exact_in_distribution(randomness):
         assert parity.compare(expected, outputs) is None
     pvalues = exactness_pvalues(outputs, p, q)
     assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+
+
+
+# --- the input contract on the GPU, γ > 16, independence of fast draws -----------------------------
+def _on_device(workload):
+    names = ("draft_tokens", "target_probs", "draft_probs", "uniforms", "exponential_noise")
+    return dataclasses.replace(workload, **{name: getattr(workload, name).to(DEVICE) for name in names})
+
+
+@pytest.mark.parametrize("name", ["fused", "flashspec", "serial_sampler", "torch_eager"])
+@pytest.mark.parametrize("case", ["bad_tokens_int64", "bad_tokens_int32", "degenerate_rows"])
+def test_bad_input_follows_the_input_contract(name, case):
+    """Tokens outside [0, V) are rejected and flagged, never read; degenerate rows give the
+    reference's token (tests/ops/prob_verify/test_prob_triton.py builds both workloads)."""
+    from test_prob_triton import bad_token_workload, degenerate_rows_workload
+
+    workload = degenerate_rows_workload() if case == "degenerate_rows" else bad_token_workload(case.rsplit("_", 1)[1])
+    assert parity.check(registry.get("prob_verify", name), _on_device(workload)) is None
+
+
+@pytest.mark.parametrize("name", ["fused", "flashspec"])
+def test_bad_input_in_fast_mode_stays_in_range(name):
+    from test_prob_triton import bad_token_workload, degenerate_rows_workload
+
+    for workload in (bad_token_workload("int64"), degenerate_rows_workload()):
+        outputs = _snapshot(registry.get("prob_verify", name).prepare(_on_device(workload).with_randomness("fast")))
+        vocab = workload.config.vocab_size
+        assert bool(((outputs["next_tokens"] >= 0) & (outputs["next_tokens"] < vocab)).all()), outputs
+        assert torch.equal(outputs["error_flags"].cpu(), reference.draft_token_errors(workload.draft_tokens, vocab))
+
+
+@pytest.mark.parametrize("gamma", [17, 32, 64])
+def test_long_drafts_match_the_reference(gamma):
+    cfg = VerifyConfig(8, gamma, 0.95, vocab_size=32000, seed=gamma)
+    workload = make_prob_workload(cfg, DEVICE)
+    for name in ("fused", "flashspec", "serial_sampler"):
+        assert parity.check(registry.get("prob_verify", name), workload) is None, name
+
+
+@pytest.mark.parametrize("name", ["fused", "flashspec"])
+def test_fast_draws_are_independent_across_sequences_and_calls(rounds, name):
+    """10^5 sequences: pairs of sequences of one batch, and two consecutive calls of one prepared run
+    (the device-side offset advanced between them), pass the χ² independence checks."""
+    p, q = stored_distributions(rounds)
+    run = registry.get("prob_verify", name).prepare(rounds.with_randomness("fast", offset=7))
+    first, second = _snapshot(run), _snapshot(run)
+    assert _pairs_of_sequences(first, p) > SIGNIFICANCE
+    assert _residual_draws_of_two_calls(first, second, p, q) > SIGNIFICANCE
+    assert min(exactness_pvalues(second, p, q).values()) > SIGNIFICANCE
