@@ -299,7 +299,7 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
     options = timing.TimingOptions(warmup=spec.warmup, iters=spec.iters, gpu_iters=spec.gpu_iters, cold_l2=spec.cold_l2,
                                    max_noise=spec.max_noise, max_time_s=spec.max_time)
     done = results.done_configs(spec.out_dir) if spec.resume else set()
-    machine = {"gpu_name": envinfo.collect(device).get("gpu_name")} if done else {}
+    machine = {"gpu_name": envinfo.collect(device).get("gpu_name")}
     todo = [cfg for cfg in mine
             if results.config_key({**config_columns(spec.op, device, cfg, options), **machine}) not in done]
     summary = SweepSummary(
@@ -320,8 +320,14 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
             notify(SweepProgress(0, len(todo), None))
             for cfg in todo:
                 notify(SweepProgress(summary.measured, len(todo), label(spec.op, cfg)))
-                rows = measure_config(spec.op, cfg, impls, device, options, floor, summary.run_id)
-                summary.parts.append(results.write_part(spec.out_dir, results.part_name(summary.run_id, rows[0]), rows))
+                key_values = {**config_columns(spec.op, device, cfg, options), **machine}
+                with results.config_claim(spec.out_dir, key_values, spec.resume) as claimed:
+                    if not claimed:  # another sweep into this folder is measuring it, or has
+                        summary.skipped += 1
+                        continue
+                    rows = measure_config(spec.op, cfg, impls, device, options, floor, summary.run_id)
+                    summary.parts.append(results.write_part(spec.out_dir, results.part_name(summary.run_id, rows[0]),
+                                                            rows))
                 summary.add(rows)
                 summary.measured += 1
                 notify(SweepProgress(summary.measured, len(todo), None))

@@ -7,6 +7,7 @@ use pyarrow only (the GPU host has no polars); the report reads the same files w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -158,8 +159,12 @@ def part_name(run_id: str, key_values: Mapping[str, Any]) -> str:
         f"{c['op']}-{c['device']}-b{c['batch_size']}-g{c['gamma']}-a{float(c['alpha']):g}-kv{c['kv_dim']}"
         f"-v{c['vocab_size']}-{c['dist']}-{c['token_dtype']}-{c['kv_dtype']}-s{c['seed']}"
     )
-    digest = hashlib.sha256(repr(config_key(key_values)).encode()).hexdigest()[:8]
-    return _SLUG_UNSAFE.sub("_", f"part-{run_id}-{slug}-{digest}") + ".parquet"
+    return _SLUG_UNSAFE.sub("_", f"part-{run_id}-{slug}-{_key_digest(key_values)}") + ".parquet"
+
+
+def _key_digest(key_values: Mapping[str, Any]) -> str:
+    """8 hex digits of the config key (machine included): in every part's name, so a listing finds a config."""
+    return hashlib.sha256(repr(config_key(key_values)).encode()).hexdigest()[:8]
 
 
 def write_part(folder: str | Path, name: str, rows: Iterable[Mapping[str, Any]]) -> Path:
@@ -293,6 +298,34 @@ def read_results(paths: str | Path | Iterable[str | Path], columns: list[str] | 
 def read_rows(paths: str | Path | Iterable[str | Path], columns: list[str] | None = None) -> list[dict[str, Any]]:
     """The rows as dicts (small result sets: tests, summaries)."""
     return read_results(paths, columns).to_pylist()
+
+
+@contextlib.contextmanager
+def config_claim(folder: str | Path, key_values: Mapping[str, Any], resume: bool = True):
+    """Claim one config of a results folder for this process: yields True when it is ours to measure.
+
+    The claim is a lock file created with O_CREAT | O_EXCL (atomic on local and NFS v3+ filesystems), named
+    by a hash of the config key, and removed when the config's part is written (or the measurement fails).
+    A second sweep or resume into the same folder at the same time skips what the first has claimed or
+    written (with resume: a part whose name carries this config's key hash, a directory listing, not a read).
+    A lock left by a killed sweep stays: a resume then skips that config until the `.claim-*` file is deleted.
+    """
+    digest = hashlib.sha256(repr(config_key(key_values)).encode()).hexdigest()[:16]
+    lock = Path(folder) / f".claim-{digest}"
+    try:
+        handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        yield False
+        return
+    os.write(handle, f"{os.getpid()}\n".encode())
+    os.close(handle)
+    try:
+        if resume and any(Path(folder).glob(f"part-*-{_key_digest(key_values)}.parquet")):
+            yield False  # finished by another sweep since this one listed the folder
+        else:
+            yield True
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def done_configs(folder: str | Path) -> set[ConfigKey]:

@@ -354,3 +354,34 @@ def test_rows_record_their_median_noise_and_the_noisy_flag(tmp_path):
 def test_a_meaningless_noise_budget_is_refused():
     with pytest.raises(SdbenchError, match="--max-noise"):
         sweep.validate(sweep.build_spec(device="cpu", max_noise=0.0))
+
+
+def test_concurrent_sweeps_into_one_folder_never_measure_a_config_twice(tmp_path):
+    """Two sweeps (threads here; processes behave the same: the claim is an O_EXCL file) over one grid."""
+    import threading
+
+    spec = sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[1, 2, 3], gammas=[4, 8], alphas=[0.5],
+                            device="cpu", warmup=0, iters=3, resume=True, out_dir=tmp_path)
+    summaries = []
+    threads = [threading.Thread(target=lambda: summaries.append(sweep.run_sweep(spec))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    keys = [results.config_key(row) for row in results.read_rows(tmp_path) if row["impl"] == "torch_eager"]
+    assert len(keys) == len(set(keys)) == 6  # every config once
+    assert sum(s.measured for s in summaries) == 6
+    assert not list(tmp_path.glob(".claim-*"))  # claims released
+
+
+def test_a_claimed_config_is_skipped(tmp_path):
+    spec = sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[2], gammas=[4], alphas=[0.5],
+                            device="cpu", warmup=0, iters=3, out_dir=tmp_path)
+    (cfg,) = sweep.grid(spec)
+    options = sweep.timing.TimingOptions(warmup=0, iters=3, max_time_s=spec.max_time)
+    key_values = {**sweep.config_columns("verify", "cpu", cfg, options),
+                  "gpu_name": sweep.envinfo.collect("cpu").get("gpu_name")}
+    with results.config_claim(tmp_path, key_values) as claimed:
+        assert claimed
+        summary = sweep.run_sweep(spec)  # another sweep while this one holds the claim
+        assert (summary.measured, summary.skipped) == (0, 1)
