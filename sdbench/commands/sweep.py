@@ -50,6 +50,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "scale": {
         "op": "verify", "batch_sizes": (1, 32, 256, 1024, 4096), "gammas": (8, 128, 256, 1024), "alphas": (0.3, 0.9),
     },
+    # [scale branch, issue #17] verify_pack from one sequence to 65,536 (run once plain, once --cold-l2);
+    # points whose draft KV does not fit beside its outputs become `error` rows, the rest run.
+    "scale-kv": {
+        "op": "verify_pack", "batch_sizes": (1, 8, 32, 256, 1024, 4096, 16384, 65536), "gammas": (4, 8, 32, 128),
+        "alphas": (0.3, 0.9), "kv_dims": (64, 128, 1024, 4096),
+    },
 }
 
 
