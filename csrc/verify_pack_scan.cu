@@ -3,9 +3,10 @@
 // ("Single-pass scan").
 //
 // Grid: one block of kThreads = 256 threads per tile. A tile is `seqs_per_tile` consecutive sequences
-// (small slabs: up to 32 KiB of worst-case KV per tile) or one chunk of `chunk_bytes` of one sequence
-// (large slabs: a sequence's rows are spread over ceil(slab / 32 KiB) blocks), so b=1 and b=65,536
-// both fill the GPU. A block:
+// (small slabs) or one chunk of `chunk_bytes` of one sequence (large slabs: a sequence's rows are spread
+// over several blocks), sized by tile_shape so the grid is about four waves of blocks (one sequence per
+// block at small work, up to 256 KiB of worst-case KV per block at large), so b=1 and b=65,536 both fill
+// the GPU. A block:
 //   1. takes a ticket (one 64-bit atomicAdd on state[0] = epoch << 32 | ticket): the ticket is its tile
 //      (blocks that started earlier hold earlier tiles, so a look-back never waits on a block that
 //      may not be resident), the high word is this launch's epoch. The block that takes the last
@@ -354,14 +355,41 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 }
 
 // ---- host ---------------------------------------------------------------------------------------------
-TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes) {
+// Tile size: a few waves of blocks over the GPU. Small work gets one sequence per block (every SM
+// verifies and copies; a block of 32 sequences on one SM was 1.3x slower than fused at b = 32); large
+// work gets tiles of up to kMaxTileBytes of worst-case KV, so each block's fixed cost (ticket, scan,
+// look-back) is paid over more accepted bytes (a 32 KiB tile moves ~10 KiB at alpha = 0.3, and was
+// 1.4x slower than the two-step pipeline at b = 65,536). Shapes only: no data, no sync.
+constexpr int kWavesOfBlocks = 4;
+constexpr int64_t kMaxTileBytes = 8 * kTileBytes;  // 8 copy rounds of 32 KiB per block at most
+
+int multiprocessor_count() {
+  static int cached[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 132;
+  if (device < 0 || device >= 64) return 132;
+  if (cached[device] == 0) {
+    int count = 0;
+    cached[device] = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && count > 0
+                         ? count : 132;
+  }
+  return cached[device];
+}
+
+TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms) {
   TileShape shape{batch, gamma, row_bytes, gamma * row_bytes, gamma * row_bytes, 1, 1};
-  if (batch <= kScanMaxGroups && shape.slab_bytes > kTileBytes) {
-    shape.chunk_bytes = kTileBytes;  // a multiple of 16: every chunk starts co-aligned
-    shape.chunks_per_seq = static_cast<int>((shape.slab_bytes + kTileBytes - 1) / kTileBytes);
+  const int64_t target_blocks = int64_t{sms} * kBlocksPerSm * kWavesOfBlocks;
+  const int64_t total_bytes = batch * shape.slab_bytes;
+  int64_t tile_bytes = (total_bytes + target_blocks - 1) / target_blocks;
+  tile_bytes = tile_bytes < kMaxTileBytes ? tile_bytes : kMaxTileBytes;
+  // chunks are whole copy rounds (multiples of kTileBytes, so of 16 bytes: every chunk starts co-aligned)
+  const int64_t chunk_bytes = tile_bytes <= kTileBytes ? kTileBytes : (tile_bytes + kTileBytes - 1) / kTileBytes * kTileBytes;
+  if (batch <= kScanMaxGroups && shape.slab_bytes > chunk_bytes) {
+    shape.chunk_bytes = chunk_bytes;
+    shape.chunks_per_seq = static_cast<int>((shape.slab_bytes + chunk_bytes - 1) / chunk_bytes);
     return shape;
   }
-  int64_t seqs = kTileBytes / shape.slab_bytes;
+  int64_t seqs = tile_bytes / shape.slab_bytes;
   const int64_t needed = (batch + kScanMaxGroups - 1) / kScanMaxGroups;
   seqs = seqs > needed ? seqs : needed;
   seqs = seqs < 1 ? 1 : (seqs > kScanMaxTileSeqs ? kScanMaxTileSeqs : seqs);
@@ -394,7 +422,7 @@ cudaError_t launch_any_unit(const Lengths& lengths, const void* draft_kv, void* 
                             bool writes_verdict, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
   if (batch > kScanMaxBatch || gamma < 1 || row_bytes < 2 || row_bytes % 2 != 0) return cudaErrorInvalidValue;
-  const TileShape shape = tile_shape(batch, gamma, row_bytes);
+  const TileShape shape = tile_shape(batch, gamma, row_bytes, multiprocessor_count());
   switch (unit_bytes(draft_kv, packed_kv, row_bytes)) {
     case 16:
       return launch_with<Lengths, uint4>(lengths, draft_kv, packed_kv, packed_offsets, scan_state, shape,
