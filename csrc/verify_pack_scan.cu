@@ -362,6 +362,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 // 1.4x slower than the two-step pipeline at b = 65,536). Shapes only: no data, no sync.
 constexpr int kWavesOfBlocks = 4;
 constexpr int64_t kMaxTileBytes = 8 * kTileBytes;  // 8 copy rounds of 32 KiB per block at most
+constexpr int64_t kLookBackGroups = 256;          // sequence groups, where tiles allow
 
 int multiprocessor_count() {
   static int cached[64] = {};
@@ -390,6 +391,13 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms) {
     return shape;
   }
   int64_t seqs = tile_bytes / shape.slab_bytes;
+  // Few groups where the tiles can stay within kMaxTileBytes: a group's inclusive prefix waits on its
+  // predecessor's, so thousands of tiny tiles make the look-back a serial chain (one sequence per
+  // block at b = 4096, kv_dim 64 took 34 us against 10 us with 64 groups).
+  const int64_t for_chain = (batch + kLookBackGroups - 1) / kLookBackGroups;
+  const int64_t by_bytes = kMaxTileBytes / shape.slab_bytes > 1 ? kMaxTileBytes / shape.slab_bytes : 1;
+  const int64_t chain_seqs = for_chain < by_bytes ? for_chain : by_bytes;
+  seqs = seqs > chain_seqs ? seqs : chain_seqs;
   const int64_t needed = (batch + kScanMaxGroups - 1) / kScanMaxGroups;
   seqs = seqs > needed ? seqs : needed;
   seqs = seqs < 1 ? 1 : (seqs > kScanMaxTileSeqs ? kScanMaxTileSeqs : seqs);
