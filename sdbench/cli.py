@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sdbench.errors import SdbenchError
+from sdbench.errors import SdbenchError, writable_folder
 
 app = typer.Typer(
     name="sdbench",
@@ -547,35 +547,77 @@ def report_command(
     ceiling_gbps: Annotated[float | None, typer.Option(help="Copy-bandwidth ceiling in GB/s (default: the GPU's profile, else the best achieved).")] = None,
     max_rows: Annotated[int, typer.Option(help="Rows per table printed here (report.md holds them all).")] = 60,
     table: Annotated[str | None, typer.Option("--table", help="Only the tables whose title contains this (e.g. latency).")] = None,
+    trace: Annotated[list[str] | None, typer.Option("--trace", help="Accepted-length traces (`sdbench e2e --trace-out`): histogram against binomial and geometric fits (repeatable).")] = None,
+    trace_gamma: Annotated[int | None, typer.Option(help="--trace: the draft length γ the trace was recorded at (default: the e2e results' γ when they hold one, else the largest k).")] = None,
     fmt: FormatOption = "table",
 ) -> None:
-    """Tables (and with --out, plots and HTML) from sweep results; --compare A B hunts regressions."""
+    """Tables (and with --out, plots and HTML) from sweep and e2e results; --compare A B hunts regressions."""
     from pathlib import Path
 
     from sdbench.commands import report
+    from sdbench.commands.report import e2e
 
     wheres = [report.parse_where(text) for text in where or []]
     if compare:
         _report_compare(results, wheres, threshold, seed, out, max_rows)
         return
-    built = report.build_report(results, wheres, parse_name_list(impl) or None, baseline, view, ceiling_gbps)
-    tables = report.select_tables(built, table)
+    sweep_paths, e2e_files = e2e.split_paths(results)
+    extra = _e2e_tables(e2e_files, trace or [], trace_gamma)
+    built = None
+    if sweep_paths or not extra:
+        built = report.build_report(sweep_paths or results, wheres, parse_name_list(impl) or None, baseline, view,
+                                    ceiling_gbps)
+        built.tables.extend(extra)
+    tables = report.select_tables(built, table) if built is not None else [
+        shown for shown in extra if table is None or table.lower() in shown.title.lower()]
     if fmt != "table":  # machine-readable: the tables alone, every row
         for shown in tables:
             if fmt == "md":
                 console.print(shown.markdown(), end="", highlight=False, markup=False, soft_wrap=True)
             else:
                 emit(shown.title, shown.columns, shown.rows, fmt, identifiers=3)
+    else:
+        for note in built.notes if built is not None else []:
+            console.print(f"[dim]{note}[/]", highlight=False)
+        for shown in tables:
+            console.print(shown.rich(max_rows=max_rows))
+    if out is None:
         return
-    for note in built.notes:
-        console.print(f"[dim]{note}[/]", highlight=False)
-    for shown in tables:
-        console.print(shown.rich(max_rows=max_rows))
-    if out is not None:
-        from sdbench.commands.report import page
+    if built is None:  # e2e results alone: one markdown page
+        folder = writable_folder(Path(out), "--out")
+        (folder / "e2e.md").write_text("# sdbench report: end to end\n\n" + "\n".join(shown.markdown() for shown in extra))
+        _say(fmt, f"wrote {folder / 'e2e.md'}")
+        return
+    from sdbench.commands.report import page
 
-        written = page.write_report(built, Path(out))
-        console.print(f"wrote {len(written)} files to {out}: report.md, report.html and {len(written) - 2} plots")
+    written = page.write_report(built, Path(out))
+    _say(fmt, f"wrote {len(written)} files to {out}: report.md, report.html and {len(written) - 2} plots")
+
+
+def _say(fmt: str, message: str) -> None:
+    """A status line: on stdout for the rich table, on stderr when stdout is machine-readable."""
+    if fmt == "table":
+        console.print(message)
+    else:
+        typer.echo(message, err=True)
+
+
+def _e2e_tables(e2e_files: list[str], traces: list[str], trace_gamma: int | None) -> list:
+    from pathlib import Path
+
+    from sdbench.commands.report import e2e
+
+    tables = []
+    gammas: list[int] = []
+    if e2e_files:
+        frame = e2e.read_e2e(e2e_files)
+        tables.append(e2e.step_table(frame))
+        gammas = sorted(set(frame["gamma"].to_list()))
+    for path in traces:
+        lengths = e2e.read_lengths(path)
+        gamma = trace_gamma or (gammas[0] if len(gammas) == 1 else max(lengths))
+        tables.append(e2e.acceptance_table(lengths, gamma, Path(path).name))
+    return tables
 
 
 def _report_compare(results: list[str], wheres, threshold: float, seed: int, out: str | None, max_rows: int) -> None:
