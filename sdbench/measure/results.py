@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import secrets
+import socket
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -308,16 +309,23 @@ def config_claim(folder: str | Path, key_values: Mapping[str, Any], resume: bool
     by a hash of the config key, and removed when the config's part is written (or the measurement fails).
     A second sweep or resume into the same folder at the same time skips what the first has claimed or
     written (with resume: a part whose name carries this config's key hash, a directory listing, not a read).
-    A lock left by a killed sweep stays: a resume then skips that config until the `.claim-*` file is deleted.
+    The lock holds its owner's host and pid: a lock left by a killed sweep on this host (its pid is gone) is
+    stale and taken over, so a resume after a timeout measures the config the killed sweep was on. A lock
+    from another host is honoured (its owner cannot be checked from here): delete the `.claim-*` file.
     """
     digest = hashlib.sha256(repr(config_key(key_values)).encode()).hexdigest()[:16]
     lock = Path(folder) / f".claim-{digest}"
-    try:
-        handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        yield False
-        return
-    os.write(handle, f"{os.getpid()}\n".encode())
+    for attempt in range(2):
+        try:
+            handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            if attempt == 0 and _stale_claim(lock):
+                lock.unlink(missing_ok=True)  # two resumes racing here: O_EXCL still lets only one in
+                continue
+            yield False
+            return
+    os.write(handle, f"{socket.gethostname()} {os.getpid()}\n".encode())
     os.close(handle)
     try:
         if resume and any(Path(folder).glob(f"part-*-{_key_digest(key_values)}.parquet")):
@@ -326,6 +334,24 @@ def config_claim(folder: str | Path, key_values: Mapping[str, Any], resume: bool
             yield True
     finally:
         lock.unlink(missing_ok=True)
+
+
+def _stale_claim(lock: Path) -> bool:
+    """True when the lock was written on this host by a process that no longer runs."""
+    try:
+        host, pid = lock.read_text().split()
+        pid_number = int(pid)
+    except (OSError, ValueError):
+        return False  # being written right now, or not ours to judge
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid_number, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
 
 
 def done_configs(folder: str | Path) -> set[ConfigKey]:

@@ -385,3 +385,30 @@ def test_a_claimed_config_is_skipped(tmp_path):
         assert claimed
         summary = sweep.run_sweep(spec)  # another sweep while this one holds the claim
         assert (summary.measured, summary.skipped) == (0, 1)
+
+
+def test_a_killed_sweeps_claim_is_taken_over(tmp_path):
+    """A claim whose owner (this host, a pid that no longer runs) died is stale: a resume measures the config."""
+    import socket
+    import subprocess
+    import sys
+
+    spec = sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[2], gammas=[4], alphas=[0.5],
+                            device="cpu", warmup=0, iters=3, out_dir=tmp_path, resume=True)
+    (cfg,) = sweep.grid(spec)
+    options = sweep.timing.TimingOptions(warmup=0, iters=3, max_time_s=spec.max_time)
+    key_values = {**sweep.config_columns("verify", "cpu", cfg, options),
+                  "gpu_name": sweep.envinfo.collect("cpu").get("gpu_name")}
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with results.config_claim(tmp_path, key_values) as claimed:  # find the lock's name, then plant a dead owner
+        assert claimed
+        (lock,) = tmp_path.glob(".claim-*")
+    lock.write_text(f"{socket.gethostname()} {dead.pid}\n")
+    summary = sweep.run_sweep(spec)
+    assert (summary.measured, summary.skipped) == (1, 0)
+    lock.write_text(f"another-host {dead.pid}\n")  # an owner this host cannot check: honoured
+    again = sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[2], gammas=[4], alphas=[0.5],
+                             device="cpu", warmup=0, iters=3, out_dir=tmp_path, resume=False)
+    assert (sweep.run_sweep(again).measured, lock.exists()) == (0, True)
+
