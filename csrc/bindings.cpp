@@ -376,3 +376,58 @@ TORCH_LIBRARY_IMPL(sdbench, Meta, m) {
   m.impl("pack_scan", &sdbench::pack_scan_meta);
 }
 // ==== END fused_scan / pack_scan ===================================================================
+
+// ==== BEGIN verify_ragged (csrc/verify_ragged.cu; issue #16) =======================================
+// Flattened ragged layout: draft_tokens [T], target_tokens [T + B], cu_num_draft_tokens int64 [B].
+namespace sdbench {
+
+cudaError_t launch_verify_ragged_ballot(TokenType token_type, const void* draft_tokens, const void* target_tokens,
+                                        const int64_t* cu_num_draft_tokens, int64_t* accepted_lengths,
+                                        bool* has_mismatch, void* next_tokens, int64_t batch, int64_t total,
+                                        cudaStream_t stream);
+
+namespace {
+
+void verify_ragged_ballot_op(const at::Tensor& draft_tokens, const at::Tensor& target_tokens,
+                             const at::Tensor& cu_num_draft_tokens, at::Tensor& accepted_lengths,
+                             at::Tensor& has_mismatch, at::Tensor& next_tokens) {
+  const at::Device device = draft_tokens.device();
+  check_cuda_contiguous(draft_tokens, "draft_tokens", device);
+  check_cuda_contiguous(target_tokens, "target_tokens", device);
+  check_cuda_contiguous(cu_num_draft_tokens, "cu_num_draft_tokens", device);
+  TORCH_CHECK(draft_tokens.scalar_type() == at::kLong || draft_tokens.scalar_type() == at::kInt,
+              "sdbench: draft_tokens must be int64 or int32, got ", draft_tokens.scalar_type());
+  TORCH_CHECK(target_tokens.scalar_type() == draft_tokens.scalar_type(),
+              "sdbench: target_tokens must have draft_tokens' dtype ", draft_tokens.scalar_type());
+  TORCH_CHECK(cu_num_draft_tokens.scalar_type() == at::kLong && cu_num_draft_tokens.dim() == 1,
+              "sdbench: cu_num_draft_tokens must be int64 [B], got ", cu_num_draft_tokens.scalar_type(), " ",
+              cu_num_draft_tokens.sizes());
+  const int64_t batch = cu_num_draft_tokens.size(0), total = draft_tokens.numel();
+  TORCH_CHECK(draft_tokens.dim() == 1 && target_tokens.dim() == 1 && target_tokens.numel() == total + batch,
+              "sdbench: draft_tokens must be [T] and target_tokens [T + B] = [", total + batch, "], got ",
+              draft_tokens.sizes(), " and ", target_tokens.sizes());
+  check_verify_outputs(draft_tokens, batch, accepted_lengths, has_mismatch, next_tokens);
+  const c10::cuda::CUDAGuard guard(device);
+  check_launch(launch_verify_ragged_ballot(token_type_of(draft_tokens), draft_tokens.data_ptr(),
+                                           target_tokens.data_ptr(), cu_num_draft_tokens.data_ptr<int64_t>(),
+                                           accepted_lengths.data_ptr<int64_t>(), has_mismatch.data_ptr<bool>(),
+                                           next_tokens.data_ptr(), batch, total, current_stream()),
+               "verify_ragged_ballot");
+}
+
+void verify_ragged_ballot_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&,
+                               at::Tensor&) {}
+
+}  // namespace
+}  // namespace sdbench
+
+TORCH_LIBRARY_FRAGMENT(sdbench, m) {
+  m.def(
+      "verify_ragged_ballot(Tensor draft_tokens, Tensor target_tokens, Tensor cu_num_draft_tokens, "
+      "Tensor(a!) accepted_lengths, Tensor(b!) has_mismatch, Tensor(c!) next_tokens) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(sdbench, CUDA, m) { m.impl("verify_ragged_ballot", &sdbench::verify_ragged_ballot_op); }
+
+TORCH_LIBRARY_IMPL(sdbench, Meta, m) { m.impl("verify_ragged_ballot", &sdbench::verify_ragged_ballot_meta); }
+// ==== END verify_ragged ============================================================================

@@ -77,6 +77,10 @@ def expected_outputs(op: str, workload: VerifyWorkload) -> Outputs:
         return pack_reference.pack(w.draft_kv, w.accepted_lengths)
     if op == "verify_pack":
         return verify_pack_reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv)
+    if op == "verify_ragged":
+        from sdbench.ops.verify_ragged.reference import verify_ragged
+
+        return verify_ragged(w.draft_tokens, w.target_tokens, w.cu_num_draft_tokens)
     raise ValueError(f"no greedy reference for operation {op!r}")
 
 

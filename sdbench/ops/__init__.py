@@ -4,6 +4,7 @@
     ops/<op>/*_impls.py        every implementation, each registered where it is defined
     ops/workload.py            VerifyConfig (one point of any grid) and the greedy ops' inputs
     ops/prob_verify/workload.py  prob_verify's inputs
+    ops/verify_ragged/workload.py  verify_ragged's inputs (ragged γ_i, flattened layout)
 
 The registry imports every `*_impls` module under this package, so adding an implementation is one
 function and one `register(...)` call in its op's folder.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify")
+OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify", "verify_ragged")
 
 
 def make_workload(op: str, cfg, device: str | torch.device = "cpu"):
@@ -22,6 +23,10 @@ def make_workload(op: str, cfg, device: str | torch.device = "cpu"):
         from sdbench.ops.prob_verify.workload import make_prob_workload
 
         return make_prob_workload(cfg, device)
+    if op == "verify_ragged":
+        from sdbench.ops.verify_ragged.workload import make_ragged_workload
+
+        return make_ragged_workload(cfg, device)
     from sdbench.ops.workload import make_verify_workload
 
     return make_verify_workload(cfg, device)
