@@ -29,11 +29,14 @@ $(STAMP): pyproject.toml
 	fi
 	@touch $(STAMP)
 
+# Each `make run` writes its own folder (results/make-run/<UTC time>): a second run never pools into the first.
+RUN_DIR ?= results/make-run/$(shell date -u +%Y%m%dT%H%M%SZ)
+
 run: install
 	$(PYTHON) -m sdbench doctor || true
 	$(PYTHON) -m sdbench parity --quick
-	$(PYTHON) -m sdbench sweep --preset quick --out results/make-run
-	$(PYTHON) -m sdbench report results/make-run --out results/make-run/report
+	$(PYTHON) -m sdbench sweep --preset quick --out $(RUN_DIR)
+	$(PYTHON) -m sdbench report $(RUN_DIR) --out $(RUN_DIR)/report
 
 test: install
 	$(PYTHON) -m pytest -q tests

@@ -154,8 +154,10 @@ at::Tensor workspace_for(int64_t elems, const at::Tensor& like) {
   return at::empty({elems > 0 ? elems : 1}, like.options().dtype(at::kLong));
 }
 
-void pack_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
-             at::Tensor& packed_offsets) {
+// error_flags: int32 [B] written with kLengthOutOfRange where a length was clamped, or nullptr
+// (`pack`, whose schema predates the flags, writes none; `pack_flagged` writes them).
+void pack_into(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
+               at::Tensor& packed_offsets, int32_t* error_flags) {
   check_cuda_contiguous(draft_kv, "draft_kv", draft_kv.device());
   TORCH_CHECK(draft_kv.dim() == 3, "sdbench: draft_kv must be [B, gamma, kv_dim], got ", draft_kv.sizes());
   const int64_t batch = draft_kv.size(0), gamma = draft_kv.size(1);
@@ -167,9 +169,20 @@ void pack_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at:
   const int64_t elems = pack_workspace_elems(batch, gamma, row_bytes);
   at::Tensor workspace = elems > 0 ? workspace_for(elems, draft_kv) : at::Tensor();
   check_launch(launch_pack(draft_kv.data_ptr(), accepted_lengths.data_ptr<int64_t>(), packed_kv.data_ptr(),
-                           packed_offsets.data_ptr<int64_t>(), batch, gamma, row_bytes,
+                           packed_offsets.data_ptr<int64_t>(), error_flags, batch, gamma, row_bytes,
                            elems > 0 ? workspace.data_ptr<int64_t>() : nullptr, current_stream()),
                "pack");
+}
+
+void pack_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
+             at::Tensor& packed_offsets) {
+  pack_into(draft_kv, accepted_lengths, packed_kv, packed_offsets, nullptr);
+}
+
+void pack_flagged_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
+                     at::Tensor& packed_offsets, at::Tensor& error_flags) {
+  check_output(error_flags, "error_flags", at::kInt, {draft_kv.size(0)}, draft_kv.device());
+  pack_into(draft_kv, accepted_lengths, packed_kv, packed_offsets, error_flags.data_ptr<int32_t>());
 }
 
 struct FusedArgs {
@@ -224,6 +237,7 @@ void fused_op(const at::Tensor& draft_tokens, const at::Tensor& target_tokens, c
 void empty_meta(const at::Tensor&) {}
 void verify_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&) {}
 void pack_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&) {}
+void pack_flagged_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&) {}
 void fused_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&,
                 at::Tensor&, at::Tensor&) {}
 
@@ -241,6 +255,9 @@ TORCH_LIBRARY(sdbench, m) {
   m.def("pack_naive(Tensor draft_kv, Tensor accepted_lengths) -> (Tensor, Tensor)");
   m.def("pack(Tensor draft_kv, Tensor accepted_lengths, Tensor(a!) packed_kv, Tensor(b!) packed_offsets) -> ()");
   m.def(
+      "pack_flagged(Tensor draft_kv, Tensor accepted_lengths, Tensor(a!) packed_kv, Tensor(b!) packed_offsets, "
+      "Tensor(c!) error_flags) -> ()");
+  m.def(
       "fused_single_block(Tensor draft_tokens, Tensor target_tokens, Tensor draft_kv, Tensor(a!) accepted_lengths, "
       "Tensor(b!) has_mismatch, Tensor(c!) next_tokens, Tensor(d!) packed_kv, Tensor(e!) packed_offsets) -> ()");
   m.def(
@@ -254,6 +271,7 @@ TORCH_LIBRARY_IMPL(sdbench, CUDA, m) {
   m.impl("verify_ballot", &sdbench::verify_ballot_op);
   m.impl("pack_naive", &sdbench::pack_naive_op);
   m.impl("pack", &sdbench::pack_op);
+  m.impl("pack_flagged", &sdbench::pack_flagged_op);
   m.impl("fused_single_block", &sdbench::fused_single_block_op);
   m.impl("fused", &sdbench::fused_op);
 }
@@ -263,6 +281,153 @@ TORCH_LIBRARY_IMPL(sdbench, Meta, m) {
   m.impl("verify_naive", &sdbench::verify_meta);
   m.impl("verify_ballot", &sdbench::verify_meta);
   m.impl("pack", &sdbench::pack_meta);
+  m.impl("pack_flagged", &sdbench::pack_flagged_meta);
   m.impl("fused_single_block", &sdbench::fused_meta);
   m.impl("fused", &sdbench::fused_meta);
 }
+
+// ==== BEGIN fused_scan / pack_scan (csrc/verify_pack_scan.cu; issue #17) ===========================
+// Appended as one block so that edits above and here do not collide. The single-pass kernels keep
+// their look-back flags and launch epoch in a caller-owned int64 `scan_state` [scan_state_elems()],
+// zeroed once and reused by every call in stream order (one state per stream that may run them).
+namespace sdbench {
+
+int64_t scan_state_elems();
+int64_t scan_max_batch();
+cudaError_t launch_fused_scan(TokenType token_type, const void* draft_tokens, const void* target_tokens,
+                              const void* draft_kv, int64_t* accepted_lengths, bool* has_mismatch, void* next_tokens,
+                              void* packed_kv, int64_t* packed_offsets, int64_t batch, int64_t gamma,
+                              int64_t row_bytes, int64_t* scan_state, cudaStream_t stream);
+cudaError_t launch_pack_scan(const void* draft_kv, const int64_t* accepted_lengths, void* packed_kv,
+                             int64_t* packed_offsets, int32_t* error_flags, int64_t batch, int64_t gamma,
+                             int64_t row_bytes, int64_t* scan_state, cudaStream_t stream);
+
+namespace {
+
+void check_scan_state(const at::Tensor& scan_state, int64_t batch, const at::Device& device) {
+  check_output(scan_state, "scan_state", at::kLong, {scan_state_elems()}, device);
+  TORCH_CHECK(batch <= scan_max_batch(), "sdbench: the single-pass scan handles B <= ", scan_max_batch(), ", got B=",
+              batch, "; use sdbench.fused / sdbench.pack");
+}
+
+void fused_scan_op(const at::Tensor& draft_tokens, const at::Tensor& target_tokens, const at::Tensor& draft_kv,
+                   at::Tensor& accepted_lengths, at::Tensor& has_mismatch, at::Tensor& next_tokens,
+                   at::Tensor& packed_kv, at::Tensor& packed_offsets, at::Tensor& scan_state) {
+  const auto [batch, gamma] = check_tokens(draft_tokens, target_tokens);
+  check_output(accepted_lengths, "accepted_lengths", at::kLong, {batch}, draft_tokens.device());
+  check_output(has_mismatch, "has_mismatch", at::kBool, {batch}, draft_tokens.device());
+  check_output(next_tokens, "next_tokens", draft_tokens.scalar_type(), {batch}, draft_tokens.device());
+  const int64_t row_bytes = check_kv(draft_kv, batch, gamma, draft_tokens.device());
+  check_pack_outputs(draft_kv, packed_kv, packed_offsets);
+  check_scan_state(scan_state, batch, draft_tokens.device());
+  const c10::cuda::CUDAGuard guard(draft_tokens.device());
+  check_launch(launch_fused_scan(token_type_of(draft_tokens), draft_tokens.data_ptr(), target_tokens.data_ptr(),
+                                 draft_kv.data_ptr(), accepted_lengths.data_ptr<int64_t>(),
+                                 has_mismatch.data_ptr<bool>(), next_tokens.data_ptr(), packed_kv.data_ptr(),
+                                 packed_offsets.data_ptr<int64_t>(), batch, gamma, row_bytes,
+                                 scan_state.data_ptr<int64_t>(), current_stream()),
+               "fused_scan");
+}
+
+void pack_scan_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
+                  at::Tensor& packed_offsets, at::Tensor& error_flags, at::Tensor& scan_state) {
+  check_cuda_contiguous(draft_kv, "draft_kv", draft_kv.device());
+  TORCH_CHECK(draft_kv.dim() == 3, "sdbench: draft_kv must be [B, gamma, kv_dim], got ", draft_kv.sizes());
+  const int64_t batch = draft_kv.size(0), gamma = draft_kv.size(1);
+  TORCH_CHECK(gamma >= 1, "sdbench: gamma (draft_kv.size(1)) must be >= 1");
+  TORCH_CHECK(batch * gamma <= kMaxRows, "sdbench: B*gamma = ", batch * gamma, " exceeds ", kMaxRows);
+  const int64_t row_bytes = check_kv(draft_kv, batch, gamma, draft_kv.device());
+  check_output(accepted_lengths, "accepted_lengths", at::kLong, {batch}, draft_kv.device());
+  check_pack_outputs(draft_kv, packed_kv, packed_offsets);
+  check_output(error_flags, "error_flags", at::kInt, {batch}, draft_kv.device());
+  check_scan_state(scan_state, batch, draft_kv.device());
+  const c10::cuda::CUDAGuard guard(draft_kv.device());
+  check_launch(launch_pack_scan(draft_kv.data_ptr(), accepted_lengths.data_ptr<int64_t>(), packed_kv.data_ptr(),
+                                packed_offsets.data_ptr<int64_t>(), error_flags.data_ptr<int32_t>(), batch, gamma,
+                                row_bytes,
+                                scan_state.data_ptr<int64_t>(), current_stream()),
+               "pack_scan");
+}
+
+void fused_scan_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&,
+                     at::Tensor&, at::Tensor&, at::Tensor&) {}
+void pack_scan_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&) {}
+
+}  // namespace
+}  // namespace sdbench
+
+TORCH_LIBRARY_FRAGMENT(sdbench, m) {
+  m.def(
+      "fused_scan(Tensor draft_tokens, Tensor target_tokens, Tensor draft_kv, Tensor(a!) accepted_lengths, "
+      "Tensor(b!) has_mismatch, Tensor(c!) next_tokens, Tensor(d!) packed_kv, Tensor(e!) packed_offsets, "
+      "Tensor(f!) scan_state) -> ()");
+  m.def(
+      "pack_scan(Tensor draft_kv, Tensor accepted_lengths, Tensor(a!) packed_kv, Tensor(b!) packed_offsets, "
+      "Tensor(c!) error_flags, Tensor(d!) scan_state) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(sdbench, CUDA, m) {
+  m.impl("fused_scan", &sdbench::fused_scan_op);
+  m.impl("pack_scan", &sdbench::pack_scan_op);
+}
+
+TORCH_LIBRARY_IMPL(sdbench, Meta, m) {
+  m.impl("fused_scan", &sdbench::fused_scan_meta);
+  m.impl("pack_scan", &sdbench::pack_scan_meta);
+}
+// ==== END fused_scan / pack_scan ===================================================================
+
+// ==== BEGIN verify_ragged (csrc/verify_ragged.cu; issue #16) =======================================
+// Flattened ragged layout: draft_tokens [T], target_tokens [T + B], cu_num_draft_tokens int64 [B].
+namespace sdbench {
+
+cudaError_t launch_verify_ragged_ballot(TokenType token_type, const void* draft_tokens, const void* target_tokens,
+                                        const int64_t* cu_num_draft_tokens, int64_t* accepted_lengths,
+                                        bool* has_mismatch, void* next_tokens, int64_t batch, int64_t total,
+                                        cudaStream_t stream);
+
+namespace {
+
+void verify_ragged_ballot_op(const at::Tensor& draft_tokens, const at::Tensor& target_tokens,
+                             const at::Tensor& cu_num_draft_tokens, at::Tensor& accepted_lengths,
+                             at::Tensor& has_mismatch, at::Tensor& next_tokens) {
+  const at::Device device = draft_tokens.device();
+  check_cuda_contiguous(draft_tokens, "draft_tokens", device);
+  check_cuda_contiguous(target_tokens, "target_tokens", device);
+  check_cuda_contiguous(cu_num_draft_tokens, "cu_num_draft_tokens", device);
+  TORCH_CHECK(draft_tokens.scalar_type() == at::kLong || draft_tokens.scalar_type() == at::kInt,
+              "sdbench: draft_tokens must be int64 or int32, got ", draft_tokens.scalar_type());
+  TORCH_CHECK(target_tokens.scalar_type() == draft_tokens.scalar_type(),
+              "sdbench: target_tokens must have draft_tokens' dtype ", draft_tokens.scalar_type());
+  TORCH_CHECK(cu_num_draft_tokens.scalar_type() == at::kLong && cu_num_draft_tokens.dim() == 1,
+              "sdbench: cu_num_draft_tokens must be int64 [B], got ", cu_num_draft_tokens.scalar_type(), " ",
+              cu_num_draft_tokens.sizes());
+  const int64_t batch = cu_num_draft_tokens.size(0), total = draft_tokens.numel();
+  TORCH_CHECK(draft_tokens.dim() == 1 && target_tokens.dim() == 1 && target_tokens.numel() == total + batch,
+              "sdbench: draft_tokens must be [T] and target_tokens [T + B] = [", total + batch, "], got ",
+              draft_tokens.sizes(), " and ", target_tokens.sizes());
+  check_verify_outputs(draft_tokens, batch, accepted_lengths, has_mismatch, next_tokens);
+  const c10::cuda::CUDAGuard guard(device);
+  check_launch(launch_verify_ragged_ballot(token_type_of(draft_tokens), draft_tokens.data_ptr(),
+                                           target_tokens.data_ptr(), cu_num_draft_tokens.data_ptr<int64_t>(),
+                                           accepted_lengths.data_ptr<int64_t>(), has_mismatch.data_ptr<bool>(),
+                                           next_tokens.data_ptr(), batch, total, current_stream()),
+               "verify_ragged_ballot");
+}
+
+void verify_ragged_ballot_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&,
+                               at::Tensor&) {}
+
+}  // namespace
+}  // namespace sdbench
+
+TORCH_LIBRARY_FRAGMENT(sdbench, m) {
+  m.def(
+      "verify_ragged_ballot(Tensor draft_tokens, Tensor target_tokens, Tensor cu_num_draft_tokens, "
+      "Tensor(a!) accepted_lengths, Tensor(b!) has_mismatch, Tensor(c!) next_tokens) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(sdbench, CUDA, m) { m.impl("verify_ragged_ballot", &sdbench::verify_ragged_ballot_op); }
+
+TORCH_LIBRARY_IMPL(sdbench, Meta, m) { m.impl("verify_ragged_ballot", &sdbench::verify_ragged_ballot_meta); }
+// ==== END verify_ragged ============================================================================

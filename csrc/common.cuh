@@ -12,7 +12,9 @@
 //   accepted_lengths int64 [B]; has_mismatch bool [B]; next_tokens [B] in the token dtype;
 //   draft_kv [B, gamma, kv_dim] contiguous 16-bit elements, handled as raw bytes (packing is a bit
 //   copy, so fp16 and bf16 share one instantiation): row_bytes = kv_dim * 2;
-//   packed_kv rows [0, sum k) in sequence order; packed_offsets int64 [B], exclusive prefix sum.
+//   packed_kv rows [0, sum k) in sequence order; packed_offsets int64 [B], exclusive prefix sum;
+//   error_flags int32 [B] (optional: nullptr = not written), kLengthOutOfRange where a given length
+//   is outside [0, gamma] (the length is clamped; sdbench/ops/input_contract.py holds the rule).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,8 @@ constexpr int64_t kReplicatedMaxBatch = 4096;
 // per block per memory round trip (a block's share at b=32, gamma=128, kv_dim=2048 is ~114 KiB).
 // 8 would cover it in one trip but spills 32 bytes at the replicated kernel's 64-register cap.
 constexpr int kCopyUnroll = 7;
+// Bits of error_flags: sdbench/ops/input_contract.py (LENGTH_OUT_OF_RANGE).
+constexpr int32_t kLengthOutOfRange = 2;
 
 // ---- launchers ----------------------------------------------------------------------------------
 // Each returns the launch's error (cudaGetLastError) and never synchronizes.
@@ -69,7 +73,7 @@ cudaError_t launch_pack_naive(const void* draft_kv, const int64_t* accepted_leng
 // written before it is read in every launch, so it never needs resetting.
 int64_t pack_workspace_elems(int64_t batch, int64_t gamma, int64_t row_bytes);
 cudaError_t launch_pack(const void* draft_kv, const int64_t* accepted_lengths, void* packed_kv,
-                        int64_t* packed_offsets, int64_t batch, int64_t gamma, int64_t row_bytes,
+                        int64_t* packed_offsets, int32_t* error_flags, int64_t batch, int64_t gamma, int64_t row_bytes,
                         int64_t* workspace, cudaStream_t stream);
 
 // Requires batch <= 32.
@@ -349,6 +353,15 @@ __device__ __forceinline__ int64_t slice_bytes_for(int64_t total_bytes) {
 
 struct GivenLengths {
   const int64_t* accepted_lengths;  // caller's k_i, clamped to [0, gamma] so a bad input cannot read out of bounds
+  int32_t* error_flags;             // [B] or nullptr: kLengthOutOfRange where k_i was clamped
+
+  // Written once per sequence, next to its packed offset.
+  __device__ __forceinline__ void flag(int64_t seq, int64_t gamma) const {
+    if (error_flags != nullptr) {
+      const int64_t given = accepted_lengths[seq];
+      error_flags[seq] = (given < 0 || given > gamma) ? kLengthOutOfRange : 0;
+    }
+  }
 
   __device__ __forceinline__ int64_t length(int64_t seq, int64_t gamma) const {
     return min(max(accepted_lengths[seq], int64_t{0}), gamma);
@@ -376,6 +389,7 @@ struct BallotLengths {
                                 static_cast<int>(gamma), lane);
   }
   __device__ __forceinline__ int64_t length(int64_t seq, int64_t) const { return accepted_lengths[seq]; }
+  __device__ __forceinline__ void flag(int64_t, int64_t) const {}  // verified lengths are in [0, gamma]
   __device__ void fill_shared(int* s_len, int64_t batch, int64_t gamma, bool writer) const {
     const int lane = threadIdx.x % kWarpSize, warps = blockDim.x / kWarpSize;
     for (int64_t seq = threadIdx.x / kWarpSize; seq < batch; seq += warps) {
@@ -428,7 +442,10 @@ __device__ __forceinline__ void replicated_pack(const Lengths& lengths, const ch
   block_inclusive_scan_shared<kThreads>(s_end, static_cast<int>(batch), s_scratch);
   const SharedRows rows{s_end};
   if (blockIdx.x == 0) {
-    for (int64_t seq = threadIdx.x; seq < batch; seq += kThreads) packed_offsets[seq] = rows.begin(seq);
+    for (int64_t seq = threadIdx.x; seq < batch; seq += kThreads) {
+      packed_offsets[seq] = rows.begin(seq);
+      lengths.flag(seq, gamma);
+    }
   }
   const int64_t total_bytes = static_cast<int64_t>(s_end[batch - 1]) * row_bytes;
   const int64_t slice = slice_bytes_for(total_bytes);
@@ -484,7 +501,10 @@ __device__ __forceinline__ void cooperative_pack(const Lengths& lengths, const c
     const int64_t length = seq < hi ? lengths.length(seq, gamma) : 0;
     int64_t chunk_total;
     const int64_t exclusive = block_exclusive_scan<kThreads>(length, &chunk_total, s_scratch);
-    if (seq < hi) packed_offsets[seq] = before + exclusive;
+    if (seq < hi) {
+      packed_offsets[seq] = before + exclusive;
+      lengths.flag(seq, gamma);
+    }
     before += chunk_total;
   }
   cg::this_grid().sync();

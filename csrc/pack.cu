@@ -69,10 +69,10 @@ int64_t pack_workspace_elems(int64_t batch, int64_t, int64_t) {
 }
 
 cudaError_t launch_pack(const void* draft_kv, const int64_t* accepted_lengths, void* packed_kv,
-                        int64_t* packed_offsets, int64_t batch, int64_t gamma, int64_t row_bytes,
+                        int64_t* packed_offsets, int32_t* error_flags, int64_t batch, int64_t gamma, int64_t row_bytes,
                         int64_t* workspace, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
-  dev::GivenLengths lengths{accepted_lengths};
+  dev::GivenLengths lengths{accepted_lengths, error_flags};
   const auto* src = static_cast<const char*>(draft_kv);
   auto* dst = static_cast<char*>(packed_kv);
   bool aligned16 = is_aligned16(draft_kv, packed_kv, row_bytes);

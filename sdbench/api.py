@@ -27,9 +27,6 @@ import torch
 
 from sdbench import dispatch, registry
 from sdbench.errors import SdbenchError
-from sdbench.ops.pack import reference as pack_reference
-from sdbench.ops.verify import reference as verify_reference
-from sdbench.ops.verify_pack import reference as verify_pack_reference
 from sdbench.ops.workload import KV_DTYPES, TOKEN_DTYPES, VerifyConfig, VerifyWorkload
 
 TOKEN_TORCH_DTYPES = tuple(TOKEN_DTYPES.values())
@@ -201,109 +198,41 @@ def _config(batch: int, gamma: int, token_dtype: torch.dtype, kv: torch.Tensor |
 def _copy_into(buffers: Outputs, results: Outputs) -> None:
     for name, buffer in buffers.items():
         value = results[name]
+        if value is buffer:
+            continue
         if name == "packed_kv" and value.shape[0] != buffer.shape[0]:
-            buffer[: value.shape[0]].copy_(value)  # torch_eager returns exactly Σ k_i rows
+            buffer[: value.shape[0]].copy_(value)  # draft_kv[mask] returns exactly Σ k_i rows
         else:
             buffer.copy_(value)
 
 
-def _run_eager(op: str, draft_tokens, target_tokens, draft_kv, accepted_lengths, buffers: Outputs) -> None:
-    if op == "verify":
-        results = verify_reference.verify(draft_tokens, target_tokens)
-    elif op == "pack":
-        results = pack_reference.pack(draft_kv, accepted_lengths)
-    else:
-        results = verify_pack_reference.verify_pack(draft_tokens, target_tokens, draft_kv)
-    _copy_into(buffers, results)
-
-
-def _run_registered(entry: registry.Implementation, workload: VerifyWorkload, buffers: Outputs) -> None:
-    """Any registered implementation without a direct launcher: prepare on the caller's tensors, run once,
-    copy into buffers (prepare allocates its own outputs)."""
-    _copy_into(buffers, entry.prepare(workload)())
-
-
-def _ballot_pack_torch(k, draft_tokens, target_tokens, draft_kv, accepted_lengths, has_mismatch, next_tokens,
-                       packed_kv, packed_offsets) -> None:
-    k.verify_ballot(draft_tokens, target_tokens, accepted_lengths, has_mismatch, next_tokens)
-    torch.cumsum(accepted_lengths, 0, out=packed_offsets)
-    packed_offsets.sub_(accepted_lengths)
-    positions = torch.arange(draft_kv.shape[1], device=draft_kv.device)
-    accepted = draft_kv[positions[None, :] < accepted_lengths[:, None]]  # data-dependent shape: syncs
-    packed_kv[: accepted.shape[0]].copy_(accepted)
-
-
-def _ballot_pack_cuda(k, draft_tokens, target_tokens, draft_kv, accepted_lengths, has_mismatch, next_tokens,
-                      packed_kv, packed_offsets) -> None:
-    k.verify_ballot(draft_tokens, target_tokens, accepted_lengths, has_mismatch, next_tokens)
-    k.pack(draft_kv, accepted_lengths, packed_kv, packed_offsets)
-
-
-def _pack_naive(k, draft_kv, accepted_lengths, packed_kv, packed_offsets) -> None:
-    accepted, offsets = k.pack_naive(draft_kv, accepted_lengths)  # allocates and syncs (the published packer)
-    packed_kv[: accepted.shape[0]].copy_(accepted)
-    packed_offsets.copy_(offsets)
-
-
-# CUDA implementations launched straight into the caller's buffers through torch.ops.sdbench (k below);
-# keyword names are the input and output names of the module docstring.
-_VERIFY_ARGS = ("draft_tokens", "target_tokens", "accepted_lengths", "has_mismatch", "next_tokens")
-_PACK_ARGS = ("draft_kv", "accepted_lengths", "packed_kv", "packed_offsets")
-_FUSED_ARGS = ("draft_tokens", "target_tokens", "draft_kv", "accepted_lengths", "has_mismatch", "next_tokens",
-               "packed_kv", "packed_offsets")
-
-
-def _positional(op_name: str, names: tuple[str, ...]):
-    return lambda k, **a: getattr(k, op_name)(*(a[name] for name in names))
-
-
-_DIRECT = {
-    ("verify", "naive"): _positional("verify_naive", _VERIFY_ARGS),
-    ("verify", "ballot"): _positional("verify_ballot", _VERIFY_ARGS),
-    ("pack", "pack_cuda"): _positional("pack", _PACK_ARGS),
-    ("pack", "pack_cuda_naive"): _pack_naive,
-    ("verify_pack", "fused_single_block"): _positional("fused_single_block", _FUSED_ARGS),
-    ("verify_pack", "fused"): _positional("fused", _FUSED_ARGS),
-    ("verify_pack", "ballot+pack_cuda"): _ballot_pack_cuda,
-    ("verify_pack", "ballot+pack_torch"): _ballot_pack_torch,
-}
-
-
-def _launch_direct(entry: registry.Implementation, op: str, inputs: dict, buffers: Outputs) -> bool:
-    launch = _DIRECT.get((op, entry.name))
-    if launch is None or entry.backend != "cuda":
-        return False
-    from sdbench.ops.backends import cuda_ops
-
-    launch(cuda_ops(), **inputs, **buffers)
-    return True
-
-
 def _run(op: str, entry: registry.Implementation, *, draft_tokens=None, target_tokens=None, draft_kv=None,
          accepted_lengths=None, buffers: Outputs) -> Outputs:
-    if entry.name == EAGER:
-        _run_eager(op, draft_tokens, target_tokens, draft_kv, accepted_lengths, buffers)
-        return buffers
-    inputs = {name: value for name, value in (("draft_tokens", draft_tokens), ("target_tokens", target_tokens),
-                                              ("draft_kv", draft_kv), ("accepted_lengths", accepted_lengths))
-              if value is not None}
-    if _launch_direct(entry, op, inputs, buffers):
-        return buffers
+    """Launch entry once on the caller's tensors, through the registry: straight into buffers when the
+    entry writes into given outputs, else run it and copy its outputs in (eager references, syncing peers)."""
     if draft_tokens is not None:
         batch, gamma = draft_tokens.shape
         token_dtype, device = draft_tokens.dtype, draft_tokens.device
-    else:
+    else:  # pack reads no tokens: zero-width views give the workload its batch and device at no cost
         batch, gamma = draft_kv.shape[:2]
         token_dtype, device = torch.int64, draft_kv.device
+    no_tokens = torch.empty((batch, 0), dtype=token_dtype, device=device)
     workload = VerifyWorkload(
         config=_config(batch, gamma, token_dtype, draft_kv),
-        draft_tokens=draft_tokens if draft_tokens is not None else torch.zeros((batch, gamma), dtype=token_dtype, device=device),
-        target_tokens=target_tokens if target_tokens is not None else torch.zeros((batch, gamma + 1), dtype=token_dtype, device=device),
-        # verify implementations never read the oracle; it only gives them its shape.
+        draft_tokens=draft_tokens if draft_tokens is not None else no_tokens,
+        target_tokens=target_tokens if target_tokens is not None else no_tokens,
+        # verify implementations never read the oracle; pack reads the caller's lengths through it.
         accepted_lengths=accepted_lengths if accepted_lengths is not None else torch.empty(batch, dtype=torch.int64, device=device),
         draft_kv=draft_kv,
     )
-    _run_registered(entry, workload, buffers)
+    if entry.writes_into:
+        produced = entry.prepare(workload, out=buffers)()
+    else:
+        produced = entry.prepare(workload)()
+        _copy_into(buffers, produced)
+    # Outputs beyond the documented ones (error_flags: bad lengths or token ids, set on the device) are
+    # passed through; sdbench.check(outputs) is the caller's explicit sync point that reads them.
+    buffers.update({name: value for name, value in produced.items() if name not in buffers})
     return buffers
 
 

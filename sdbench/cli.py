@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sdbench.errors import SdbenchError, closest
+from sdbench.errors import SdbenchError, writable_folder
 
 app = typer.Typer(
     name="sdbench",
@@ -26,8 +26,19 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import sdbench
+
+        console.print(f"sdbench {sdbench.__version__}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
     """Benchmark the verification step of batched speculative decoding on NVIDIA GPUs."""
 
 
@@ -83,6 +94,52 @@ def parse_name_list(text: str | None) -> list[str]:
     return [word.strip() for word in text.split(",") if word.strip()] if text else []
 
 
+FORMATS = ("table", "json", "csv", "md")
+FormatOption = Annotated[str, typer.Option("--format", help="table (rich), json, csv or md (markdown), to stdout.")]
+
+
+def emit(title: str, columns: list[str], rows: list[list], fmt: str, identifiers: int = 2) -> None:
+    """Print rows in fmt. The first `identifiers` columns hold names a user types next (operation,
+    implementation): a table never truncates or folds them; other columns fold instead."""
+    import csv
+    import io
+    import json
+    import sys
+
+    if fmt not in FORMATS:
+        raise SdbenchError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    plain = [[_plain(cell) for cell in row] for row in rows]
+    if fmt == "json":
+        sys.stdout.write(json.dumps([dict(zip(columns, row, strict=True)) for row in plain], indent=1) + "\n")
+    elif fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(columns)
+        writer.writerows(plain)
+        sys.stdout.write(buffer.getvalue())
+    elif fmt == "md":
+        lines = [f"| {' | '.join(columns)} |", f"|{'---|' * len(columns)}"]
+        lines.extend(f"| {' | '.join(str(cell).replace('|', '/') for cell in row)} |" for row in plain)
+        sys.stdout.write("\n".join(lines) + "\n")
+    else:
+        table = Table(title=title)
+        for index, column in enumerate(columns):
+            if index < identifiers:
+                table.add_column(column, no_wrap=True, min_width=max([len(column)] + [len(str(r[index])) for r in plain]))
+            else:
+                table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*(str(cell) for cell in row))
+        console.print(table)
+
+
+def _plain(cell):
+    """A cell without rich markup, for json / csv / md."""
+    from rich.text import Text
+
+    return Text.from_markup(cell).plain if isinstance(cell, str) else cell
+
+
 def default_device() -> str:
     import torch
 
@@ -92,7 +149,7 @@ def default_device() -> str:
 # --- list --------------------------------------------------------------------------------------
 @command("list")
 def list_command(
-    op: Annotated[str | None, typer.Option(help="Only this operation (verify, pack, verify_pack, prob_verify).")] = None,
+    op: Annotated[str | None, typer.Option(help="Only this operation (verify, pack, verify_pack, prob_verify, verify_ragged).")] = None,
     device: Annotated[str | None, typer.Option(help="Check availability on this device (default: cuda if present).")] = None,
     dispatch: Annotated[bool, typer.Option("--dispatch", help="Show what verify_pack(impl='auto') picks for --b/--gamma/--alpha/--kv-dim, and why.")] = False,
     b: Annotated[int | None, typer.Option("--b", help="--dispatch: batch size.")] = None,
@@ -102,6 +159,7 @@ def list_command(
     kv_dtype: Annotated[str, typer.Option(help="--dispatch: float16 or bfloat16.")] = "float16",
     dist: Annotated[str, typer.Option(help="--dispatch: acceptance distribution giving E[k] (binomial: αγ; geometric).")] = "binomial",
     gpu: Annotated[str | None, typer.Option(help="--dispatch: decide for this GPU name's profile (default: this machine's GPU).")] = None,
+    fmt: FormatOption = "table",
 ) -> None:
     """List every registered implementation, where it runs, and why it cannot run here."""
     from sdbench import registry
@@ -113,26 +171,19 @@ def list_command(
     if op is not None and op not in registry.OPERATIONS:
         registry.get(op, "")  # raises the one-line error with a suggestion
     device = device or default_device()
-    table = Table(title=f"sdbench implementations (availability on {device})")
-    for column in ("operation", "name", "backend", "available", "notes", "description"):
-        table.add_column(column)
+    rows = []
     for impl in registry.implementations(op):
         reason = impl.unavailable_reason(device)
         notes = ", ".join(word for word, flag in (("syncs", impl.sync), ("peer", impl.peer)) if flag)
         available = "[green]yes[/]" if reason is None else f"[red]no[/]: {reason}"
-        table.add_row(impl.op, impl.name, impl.backend, available, notes, impl.description)
-    console.print(table)
+        rows.append([impl.op, impl.name, impl.backend, available, notes, impl.description])
+    emit(f"sdbench implementations (availability on {device})",
+         ["operation", "name", "backend", "available", "notes", "description"], rows, fmt)
 
 
 def _print_dispatch(b, gamma, alpha, kv_dim, kv_dtype, dist, gpu) -> None:
     from sdbench import dispatch
 
-    missing = [name for name, value in (("--b", b), ("--gamma", gamma), ("--alpha", alpha), ("--kv-dim", kv_dim))
-               if value is None]
-    if missing:
-        raise SdbenchError(f"--dispatch needs the workload: {' '.join(missing)} (e.g. --b 32 --gamma 128 --alpha 0.9 --kv-dim 2048)")
-    if kv_dim < 1:
-        raise SdbenchError(f"--kv-dim must be >= 1 (verify_pack moves KV), got {kv_dim}")
     decision, lines = dispatch.explain(b, gamma, alpha, kv_dim, kv_dtype, gpu, dist)
     console.print(f"[bold]verify_pack(impl='auto') for b={b}, γ={gamma}, α={alpha:g}, kv_dim={kv_dim} ({kv_dtype})[/]",
                   highlight=False)
@@ -198,70 +249,55 @@ def parity_command(
     device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if present).")] = None,
     seed: Annotated[int, typer.Option(help="Base seed; config i uses seed + i.")] = 0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also show registers, shared memory and spills per kernel.")] = False,
+    fmt: FormatOption = "table",
 ) -> None:
     """Prove every available implementation bit-exact against the PyTorch reference over a grid.
 
     Outputs are poisoned before each run. Exit code 1 on any failure.
     """
-    import dataclasses
+    import sys
 
     from rich.progress import Progress
 
-    from sdbench import parity, registry
+    from sdbench import parity
 
-    device = _check_device(device)
-    grid = parity.QUICK_GRID if quick else parity.ParityGrid()
-    overrides = {
-        "batch_sizes": b and parse_int_list(b, "--b", minimum=1),
-        "gammas": gamma and parse_int_list(gamma, "--gamma", minimum=1),
-        "alphas": alpha and parse_float_list(alpha, "--alpha", 0.0, 1.0),
-        "kv_dims": kv_dim and parse_int_list(kv_dim, "--kv-dim", minimum=1),
-    }
-    grid = dataclasses.replace(grid, **{k: tuple(v) for k, v in overrides.items() if v})
-    if op is not None:
-        registry.get(op, "torch_eager")  # validates the operation name with a suggestion
-    impls = [i for o in ([op] if op else registry.OPERATIONS) for i in registry.implementations(o)]
-    names = parse_name_list(impl)
-    for name in names:
-        if name not in {i.name for i in impls}:
-            raise SdbenchError(
-                f"unknown implementation {name!r}{closest(name, sorted({i.name for i in impls}))}; "
-                "see `sdbench list`"
-            )
-    impls = [i for i in impls if not names or i.name in names]
-    total = sum(parity.count_configs(o, grid) for o in {i.op for i in impls})
-    with Progress(console=err_console, transient=True) as bar:
-        task = bar.add_task("parity", total=total)
-        tallies = parity.run_parity(impls, grid, device, seed, progress=lambda: bar.advance(task))
-    _print_parity(impls, tallies, device)
+    plan = parity.plan(
+        op, parse_name_list(impl), quick, device,
+        batch_sizes=b and parse_int_list(b, "--b", minimum=1), gammas=gamma and parse_int_list(gamma, "--gamma", minimum=1),
+        alphas=alpha and parse_float_list(alpha, "--alpha", 0.0, 1.0),
+        kv_dims=kv_dim and parse_int_list(kv_dim, "--kv-dim", minimum=1),
+    )
+    impls, device, total = plan.impls, plan.device, plan.total_configs
+    if sys.stderr.isatty():
+        with Progress(console=err_console, transient=True) as bar:
+            task = bar.add_task("parity", total=total)
+            tallies = parity.run_parity(impls, plan.grid, device, seed, progress=lambda: bar.advance(task))
+    else:  # a log or a pipe: a plain line every 10% so a long run is visibly alive
+        done = [0]
+
+        def line() -> None:
+            done[0] += 1
+            if done[0] == total or done[0] % max(1, total // 10) == 0:
+                err_console.print(f"parity: {done[0]}/{total} configs", highlight=False)
+
+        tallies = parity.run_parity(impls, plan.grid, device, seed, progress=line)
+    _print_parity(impls, tallies, device, fmt)
     if verbose:
         _print_ptxas_report()
     if any(t.failed for t in tallies.values()):
         raise typer.Exit(1)
 
 
-def _check_device(device: str | None) -> str:
-    import torch
-
-    device = device or default_device()
-    if device not in ("cuda", "cpu"):
-        raise SdbenchError(f"--device must be cuda or cpu, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SdbenchError("--device cuda: no CUDA device is visible here (use --device cpu)")
-    return device
-
-
-def _print_parity(impls, tallies, device: str) -> None:
-    table = Table(title=f"parity against the PyTorch reference ({device})")
-    for column in ("operation", "implementation", "pass", "fail", "skip", "skip reasons"):
-        table.add_column(column)
+def _print_parity(impls, tallies, device: str, fmt: str = "table") -> None:
+    rows = []
     for impl in impls:
         tally = tallies[impl.key]
         skipped = sum(tally.skipped.values())
         reasons = "; ".join(f"{reason} ({n})" for reason, n in tally.skipped.items())
-        fail = f"[red]{tally.failed}[/]" if tally.failed else "0"
-        table.add_row(impl.op, impl.name, str(tally.passed), fail, str(skipped), reasons)
-    console.print(table)
+        fail = f"[red]{tally.failed}[/]" if tally.failed else 0
+        rows.append([impl.op, impl.name, tally.passed, fail, skipped, reasons])
+    emit(f"parity against the PyTorch reference ({device})",
+         ["operation", "implementation", "pass", "fail", "skip", "skip reasons"], rows, fmt)
     for impl in impls:
         if tallies[impl.key].first_failure:
             console.print(f"[red]first failure of {impl.op}/{impl.name}:[/] {tallies[impl.key].first_failure}")
@@ -279,21 +315,22 @@ def _print_ptxas_report() -> None:
     for column in ("kernel", "registers", "shared memory (B)", "spill stores (B)", "spill loads (B)"):
         table.add_column(column)
     for row in rows:
-        table.add_row(*(str(row.get(k, "")) for k in ("kernel", "registers", "shared_bytes", "spill_store_bytes", "spill_load_bytes")))
+        table.add_row(*(str(row.get(column, "")) for column in
+                        ("kernel", "registers", "shared_bytes", "spill_store_bytes", "spill_load_bytes")))
     console.print(table)
 
 
 # --- sweep -------------------------------------------------------------------------------------
 @command("sweep")
 def sweep_command(
-    preset: Annotated[str | None, typer.Option(help="A published grid: main, gamma-sensitivity, fused, quick, scale (options below override it).")] = None,
+    preset: Annotated[str | None, typer.Option(help="A published grid: main, gamma-sensitivity, fused, quick, scale, scale-kv (options below override it).")] = None,
     b: Annotated[str | None, typer.Option("--b", help="Batch sizes (default: 1,4,16,32).")] = None,
     gamma: Annotated[str | None, typer.Option(help="Draft lengths γ (default: 8,64,128).")] = None,
     alpha: Annotated[str | None, typer.Option(help="Acceptance rates in [0, 1] (default: 0.3,0.6,0.9).")] = None,
     kv_dim: Annotated[str | None, typer.Option(help="KV widths, pack / verify_pack only (default: 128,512,1024,2048).")] = None,
     vocab: Annotated[str | None, typer.Option(help="Vocabulary sizes; prob_verify sweeps them (default: 32000).")] = None,
     impl: Annotated[str | None, typer.Option(help="Comma-separated implementation names (default: every one of --op).")] = None,
-    op: Annotated[str | None, typer.Option(help="verify, pack, verify_pack or prob_verify (default: verify).")] = None,
+    op: Annotated[str | None, typer.Option(help="verify, pack, verify_pack, prob_verify or verify_ragged (default: verify).")] = None,
     dist: Annotated[str | None, typer.Option(help="Accepted-length distribution: binomial, geometric, fixed (--fixed-length) or trace (--trace) (default: binomial).")] = None,
     fixed_length: Annotated[int | None, typer.Option(help="--dist fixed: every sequence accepts this many draft tokens.")] = None,
     trace: Annotated[str | None, typer.Option(help="--dist trace: a file of observed accepted lengths (integers).")] = None,
@@ -309,6 +346,9 @@ def sweep_command(
     token_dtype: Annotated[str | None, typer.Option(help="Token dtypes: int64, int32 (default: int64).")] = None,
     kv_dtype: Annotated[str | None, typer.Option(help="KV dtypes: float16, bfloat16 (default: float16).")] = None,
     prob_dtype: Annotated[str | None, typer.Option(help="prob_verify probability dtypes: float32, bfloat16 (default: float32).")] = None,
+    max_noise: Annotated[float | None, typer.Option(help="wall/graph: keep sampling while the median's relative standard error is above this (default 0.01).")] = None,
+    max_time: Annotated[float | None, typer.Option(help="...for at most this many seconds per view and config (default 0.5; 0: exactly --iters samples).")] = None,
+    fmt: FormatOption = "table",
 ) -> None:
     """Time every implementation over a grid (parity first) and write parquet rows per config and view.
 
@@ -333,7 +373,7 @@ def sweep_command(
         device=device or default_device(), out_dir=Path(out), warmup=warmup, iters=iters, cold_l2=cold_l2 or None, shard_index=shard_index,
         shard_count=shard_count, resume=resume or None, seed=seed, run_id=run_id,
         token_dtypes=parse_name_list(token_dtype) or None, kv_dtypes=parse_name_list(kv_dtype) or None,
-        prob_dtypes=parse_name_list(prob_dtype) or None,
+        prob_dtypes=parse_name_list(prob_dtype) or None, max_noise=max_noise, max_time=max_time,
     )
     sweep.validate(spec)  # bad input fails here, before the progress bar draws
     sweep.check_op_available(spec.op)
@@ -348,35 +388,42 @@ def sweep_command(
             bar.update(task, total=update.total, completed=update.done, description=update.current or "sweep")
 
         summary = sweep.run_sweep(spec, progress=show)
-    _print_sweep_summary(summary)
+    _print_sweep_summary(summary, fmt)
     if summary.interrupted:
         raise typer.Exit(130)
+    if summary.measured and not summary.timed_rows:
+        raise typer.Exit(1)
 
 
-def _print_sweep_summary(summary) -> None:
+def _print_sweep_summary(summary, fmt: str = "table") -> None:
     title = (
         f"sweep {summary.run_id} on {summary.device}: {summary.measured} configs measured"
         f"{f', {summary.skipped} already present' if summary.skipped else ''} -> {summary.out_dir}"
     )
-    table = Table(title=title, caption="µs: median over configs of each config's median")
-    table.add_column("implementation")
-    for status in ("ok", "failed", "unavailable", "error"):
-        table.add_column(status, justify="right")
-    for view in summary.views:
-        table.add_column(f"{view} µs", justify="right")
+    statuses = ("ok", "failed", "unavailable", "error")
+    rows = []
     for name in summary.impls:
         counts = summary.statuses[name]
-        cells = [str(counts.get(status, 0)) for status in ("ok", "failed", "unavailable", "error")]
+        cells = [counts.get(status, 0) for status in statuses]
         for view in summary.views:
             median = summary.median_of_medians(name, view)
             cells.append("-" if median is None else f"{median:.1f}")
-        table.add_row(name, *cells)
-    console.print(table)
+        rows.append([name, *cells])
+    emit(title, ["implementation", *statuses, *(f"{view} µs" for view in summary.views)], rows, fmt, identifiers=1)
+    if fmt == "table":
+        console.print("µs: median over configs of each config's median", highlight=False)
     if summary.interrupted:
         err_console.print(
             f"[yellow]interrupted:[/] {summary.measured} finished configs kept in {summary.out_dir}; "
             f"{summary.remaining} left (rerun with --resume to finish)"
         )
+    if summary.measured and (summary.failed_rows or not summary.timed_rows):
+        headline = ("[bold red]no row was timed[/]" if not summary.timed_rows else
+                    f"[yellow]{summary.failed_rows} rows failed or raised[/] ({summary.timed_rows} timed)")
+        err_console.print(f"{headline}; why, by reason:", highlight=False)
+        for reason, names in summary.reasons.items():
+            if not summary.timed_rows or not reason.startswith("unavailable"):
+                err_console.print(f"  {', '.join(names)}: {reason}", highlight=False, markup=False)
 
 
 # --- profile -----------------------------------------------------------------------------------
@@ -453,21 +500,24 @@ def _print_profile(report) -> None:
     kernels = Table(title="kernels per call")
     for column in ("implementation", "kernel", "calls", "GPU µs", "% of GPU"):
         kernels.add_column(column, overflow="fold")
-    for p in report.impls:
-        for k in p.kernels:
-            share = "-" if not p.gpu_us or k.gpu_us is None else f"{100.0 * k.gpu_us / p.gpu_us:.0f}"
-            kernels.add_row(p.impl, escape(k.short_name), f"{k.calls_per_iter:g}", _us(k.gpu_us), share)
+    for profiled in report.impls:
+        for kernel in profiled.kernels:
+            share = ("-" if not profiled.gpu_us or kernel.gpu_us is None
+                     else f"{100.0 * kernel.gpu_us / profiled.gpu_us:.0f}")
+            kernels.add_row(profiled.impl, escape(kernel.short_name), f"{kernel.calls_per_iter:g}", _us(kernel.gpu_us),
+                            share)
     console.print(kernels)
     if any(p.counters for p in report.impls):
         counters = Table(title="ncu counters per kernel (means over launches; ncu µs are replayed at base clocks)")
         for column in ("implementation", "kernel", "calls", "ncu µs", "warp efficiency %", "branch uniformity %",
                        "achieved occupancy %", "DRAM % of peak"):
             counters.add_column(column, overflow="fold")
-        for p in report.impls:
-            for k in p.counters:
-                cells = [profile.warp_efficiency_pct(k)] + [k.metrics.get(m) for m in list(profile.COUNTER_COLUMNS)[1:]]
-                counters.add_row(p.impl, escape(k.short_name), f"{k.calls_per_iter:g}", _us(k.gpu_us),
-                                 *("-" if v is None else f"{v:.1f}" for v in cells))
+        for profiled in report.impls:
+            for kernel in profiled.counters:
+                cells = [profile.warp_efficiency_pct(kernel)] + [kernel.metrics.get(metric) for metric in
+                                                                 list(profile.COUNTER_COLUMNS)[1:]]
+                counters.add_row(profiled.impl, escape(kernel.short_name), f"{kernel.calls_per_iter:g}",
+                                 _us(kernel.gpu_us), *("-" if v is None else f"{v:.1f}" for v in cells))
         console.print(counters)
     for tool_name, why in choice.skipped:
         console.print(f"[dim]not used: {tool_name}: {escape(str(why))}[/]", highlight=False)
@@ -496,24 +546,78 @@ def report_command(
     seed: Annotated[int, typer.Option(help="--compare: bootstrap seed.")] = 0,
     ceiling_gbps: Annotated[float | None, typer.Option(help="Copy-bandwidth ceiling in GB/s (default: the GPU's profile, else the best achieved).")] = None,
     max_rows: Annotated[int, typer.Option(help="Rows per table printed here (report.md holds them all).")] = 60,
+    table: Annotated[str | None, typer.Option("--table", help="Only the tables whose title contains this (e.g. latency).")] = None,
+    trace: Annotated[list[str] | None, typer.Option("--trace", help="Accepted-length traces (`sdbench e2e --trace-out`): histogram against binomial and geometric fits (repeatable).")] = None,
+    trace_gamma: Annotated[int | None, typer.Option(help="--trace: the draft length γ the trace was recorded at (default: the e2e results' γ when they hold one, else the largest k).")] = None,
+    fmt: FormatOption = "table",
 ) -> None:
-    """Tables (and with --out, plots and HTML) from sweep results; --compare A B hunts regressions."""
+    """Tables (and with --out, plots and HTML) from sweep and e2e results; --compare A B hunts regressions."""
     from pathlib import Path
 
     from sdbench.commands import report
+    from sdbench.commands.report import e2e
 
     wheres = [report.parse_where(text) for text in where or []]
     if compare:
         _report_compare(results, wheres, threshold, seed, out, max_rows)
         return
-    built = report.build_report(results, wheres, parse_name_list(impl) or None, baseline, view, ceiling_gbps)
-    for note in built.notes:
-        console.print(f"[dim]{note}[/]", highlight=False)
-    for table in built.tables:
-        console.print(table.rich(max_rows=max_rows))
-    if out is not None:
-        written = report.write_report(built, Path(out))
-        console.print(f"wrote {len(written)} files to {out}: report.md, report.html and {len(written) - 2} plots")
+    sweep_paths, e2e_files = e2e.split_paths(results)
+    extra = _e2e_tables(e2e_files, trace or [], trace_gamma)
+    built = None
+    if sweep_paths or not extra:
+        built = report.build_report(sweep_paths or results, wheres, parse_name_list(impl) or None, baseline, view,
+                                    ceiling_gbps)
+        built.tables.extend(extra)
+    tables = report.select_tables(built, table) if built is not None else [
+        shown for shown in extra if table is None or table.lower() in shown.title.lower()]
+    if fmt != "table":  # machine-readable: the tables alone, every row
+        for shown in tables:
+            if fmt == "md":
+                console.print(shown.markdown(), end="", highlight=False, markup=False, soft_wrap=True)
+            else:
+                emit(shown.title, shown.columns, shown.rows, fmt, identifiers=3)
+    else:
+        for note in built.notes if built is not None else []:
+            console.print(f"[dim]{note}[/]", highlight=False)
+        for shown in tables:
+            console.print(shown.rich(max_rows=max_rows))
+    if out is None:
+        return
+    if built is None:  # e2e results alone: one markdown page
+        folder = writable_folder(Path(out), "--out")
+        (folder / "e2e.md").write_text("# sdbench report: end to end\n\n" + "\n".join(shown.markdown() for shown in extra))
+        _say(fmt, f"wrote {folder / 'e2e.md'}")
+        return
+    from sdbench.commands.report import page
+
+    written = page.write_report(built, Path(out))
+    _say(fmt, f"wrote {len(written)} files to {out}: report.md, report.html and {len(written) - 2} plots")
+
+
+def _say(fmt: str, message: str) -> None:
+    """A status line: on stdout for the rich table, on stderr when stdout is machine-readable."""
+    if fmt == "table":
+        console.print(message)
+    else:
+        typer.echo(message, err=True)
+
+
+def _e2e_tables(e2e_files: list[str], traces: list[str], trace_gamma: int | None) -> list:
+    from pathlib import Path
+
+    from sdbench.commands.report import e2e
+
+    tables = []
+    gammas: list[int] = []
+    if e2e_files:
+        frame = e2e.read_e2e(e2e_files)
+        tables.append(e2e.step_table(frame))
+        gammas = sorted(set(frame["gamma"].to_list()))
+    for path in traces:
+        lengths = e2e.read_lengths(path)
+        gamma = trace_gamma or (gammas[0] if len(gammas) == 1 else max(lengths))
+        tables.append(e2e.acceptance_table(lengths, gamma, Path(path).name))
+    return tables
 
 
 def _report_compare(results: list[str], wheres, threshold: float, seed: int, out: str | None, max_rows: int) -> None:
@@ -521,11 +625,7 @@ def _report_compare(results: list[str], wheres, threshold: float, seed: int, out
 
     from sdbench.commands.report import compare
 
-    if len(results) != 2:
-        raise SdbenchError(f"--compare takes exactly two results (A B), got {len(results)}")
-    if not 0 <= threshold < 1:
-        raise SdbenchError(f"--threshold must be in [0, 1), got {threshold}")
-    found, notes = compare.compare([results[0]], [results[1]], wheres, threshold=threshold, seed=seed)
+    found, notes = compare.compare_runs(results, wheres, threshold=threshold, seed=seed)
     table = compare.compare_table(found, notes, results[0], results[1], threshold)
     console.print(table.rich(max_rows=max_rows))
     if out is not None:
@@ -551,8 +651,6 @@ def calibrate_tau_command(
     from sdbench.commands import calibrate_tau as tau
     from sdbench.thresholds import format_bytes
 
-    if view not in ("wall", "graph", "gpu", "cpu"):
-        raise SdbenchError(f"--view must be wall, graph, gpu or cpu, got {view!r}")
     if results:
         result = tau.calibrate(results, small=small, large=large, view=view, gpu_name=gpu, profiles_dir=profiles,
                                write=not dry_run, seed=seed)
@@ -567,8 +665,11 @@ def calibrate_tau_command(
             def show(update) -> None:
                 bar.update(task, total=update.total, completed=update.done, description=update.current or "sweep")
 
-            result = tau.calibrate([], small=small, large=large, view=view, gpu_name=gpu, sweep_out=sweep_out,
-                                   profiles_dir=profiles, write=not dry_run, seed=seed, progress=show)
+            from sdbench.commands import sweep
+
+            swept = sweep.run_calibration_sweep(sweep_out, small, large, progress=show)
+        result = tau.calibrate([swept], small=small, large=large, view=view, gpu_name=gpu, profiles_dir=profiles,
+                               write=not dry_run, seed=seed, swept=swept)
     fit, profile = result.fit, result.profile
     table = Table(title=f"{small} vs {large} on {profile.gpu_name} ({view} view, µs)")
     for column in ("accepted KV", "config (b, γ, α, kv_dim)", small, large, "rule picks", "faster"):
@@ -576,7 +677,7 @@ def calibrate_tau_command(
     for point in fit.points:
         picked = small if point.kv_bytes < fit.tau_bytes else large
         faster = small if point.small_us < point.large_us else large
-        table.add_row(format_bytes(point.kv_bytes), ", ".join(str(v) for v in point.config[:4]),
+        table.add_row(format_bytes(point.kv_bytes), ", ".join(str(v) for v in point.config[1:5]),  # (b, γ, α, kv_dim) of the config key
                       f"{point.small_us:.1f}", f"{point.large_us:.1f}", picked,
                       faster if faster == picked else f"[red]{faster}[/]")
     console.print(table)
@@ -586,6 +687,72 @@ def calibrate_tau_command(
     console.print(f"[bold]{profile.rule()}[/]", highlight=False)
     if result.path is not None:
         console.print(f"wrote {result.path}")
+
+
+# --- e2e ---------------------------------------------------------------------------------------
+@command("e2e")
+def e2e_command(
+    target: Annotated[str | None, typer.Option(help="Local HuggingFace causal LM folder (with --draft); default: the built-in pair.")] = None,
+    draft: Annotated[str | None, typer.Option(help="Local draft model folder sharing the target's tokenizer.")] = None,
+    verify_impl: Annotated[str | None, typer.Option(help="Comma-separated verify (greedy) or prob_verify (--temperature > 0) implementations (default: torch_eager).")] = None,
+    gamma: Annotated[int, typer.Option(help="Draft tokens per round.")] = 4,
+    batch_size: Annotated[int, typer.Option(help="Sequences decoded together.")] = 8,
+    max_new_tokens: Annotated[int, typer.Option(help="New tokens per sequence.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0: greedy (verify); > 0: sampling (prob_verify).")] = 0.0,
+    prompt: Annotated[list[str] | None, typer.Option(help="A prompt (repeatable; cycled to the batch).")] = None,
+    sort_by_acceptance: Annotated[bool, typer.Option("--sort-by-acceptance", help="Order sequences by their acceptance EMA before verifying.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of prompts, sampling and the built-in pair.")] = 0,
+    device: Annotated[str, typer.Option(help="cuda, cpu or auto.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Model dtype: float32, bfloat16, float16.")] = "float32",
+    peers: Annotated[bool, typer.Option("--peers/--no-peers", help="Also time the target alone.")] = True,
+    hf_assisted: Annotated[bool, typer.Option("--hf-assisted/--no-hf-assisted", help="Also time HuggingFace assisted generation (batch 1).")] = True,
+    out: Annotated[str | None, typer.Option(help="Parquet file for the rows (docs/e2e.md has the schema).")] = None,
+    trace_out: Annotated[str | None, typer.Option(help="Write every round's accepted lengths here (for sweep --dist trace).")] = None,
+    builtin_steps: Annotated[int | None, typer.Option(help="Training steps of the built-in pair (default: its recipe's).")] = None,
+) -> None:
+    """Batched speculative decoding end to end, with every verify implementation inside the loop."""
+    from rich import progress
+
+    from sdbench.e2e import E2EOptions, run_e2e
+
+    columns = (progress.TextColumn("{task.description}"), progress.BarColumn(), progress.MofNCompleteColumn(),
+               progress.TimeElapsedColumn())
+    with progress.Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("e2e", total=None)
+
+        def show(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        options = E2EOptions(
+            target=target, draft=draft, verify_impls=tuple(parse_name_list(verify_impl)) or ("torch_eager",),
+            gamma=gamma, batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
+            prompts=tuple(prompt) if prompt else None, sort_by_acceptance=sort_by_acceptance, seed=seed,
+            device=device, dtype=dtype, peers=peers, hf_assisted=hf_assisted, out=out, trace_out=trace_out,
+            builtin_steps=builtin_steps, progress=show,
+        )
+        result = run_e2e(options)
+    table = Table(title=f"e2e: b={batch_size}, γ={gamma}, T={temperature}")
+    for column in ("method", "verify impl"):
+        table.add_column(column, no_wrap=True)  # names the user types next: never folded
+    for column in ("tokens/s", "mean k", "target fwd/token", "verify share", "= target"):
+        table.add_column(column, overflow="fold")
+    for row in result.rows:
+        step, verify_us = row.get("step_us"), row.get("verify_us")
+        share = f"{verify_us / step:.1%}" if step and verify_us == verify_us and step == step else "-"
+        mean_k = row.get("mean_accepted_length")
+        table.add_row(row["method"], row.get("verify_impl") or "-", f"{row['tokens_per_s']:.0f}",
+                      "-" if mean_k is None or mean_k != mean_k else f"{mean_k:.2f}",
+                      f"{row['target_forwards_per_token']:.3f}" if row.get("target_forwards_per_token") == row.get("target_forwards_per_token") else "-",
+                      share, {True: "yes", False: "NO", None: "-"}[row.get("matches_target")])
+    console.print(table)
+    if result.pair_metrics:
+        metrics = result.pair_metrics
+        console.print(f"built-in pair: held-out loss target {metrics.get('target_held_out_loss', float('nan')):.3f}, "
+                      f"draft {metrics.get('draft_held_out_loss', float('nan')):.3f}; greedy acceptance "
+                      f"{metrics.get('greedy_acceptance_rate', float('nan')):.2f}", highlight=False)
+    for path in (result.parquet_path, result.trace_path):
+        if path is not None:
+            console.print(f"wrote {path}")
 
 
 # --- end of commands ---------------------------------------------------------------------------

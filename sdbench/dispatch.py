@@ -18,7 +18,8 @@ import math
 import warnings
 from dataclasses import dataclass
 
-from sdbench import thresholds as profiles
+from sdbench import thresholds
+from sdbench.errors import SdbenchError
 from sdbench.thresholds import Profile, format_bytes
 
 DEFAULT_PROFILE = Profile(
@@ -92,8 +93,8 @@ def reset() -> None:
 @functools.cache
 def profile_for_gpu(gpu_name: str, gpu_cc: str = "") -> tuple[Profile, str]:
     """(profile, where it came from) for a GPU; DEFAULT_PROFILE with a one-time warning if none matches."""
-    directory = profiles.profiles_dir()
-    found = profiles.match_profile(profiles.load_profiles(directory), gpu_name, gpu_cc)
+    directory = thresholds.profiles_dir()
+    found = thresholds.match_profile(thresholds.load_profiles(directory), gpu_name, gpu_cc)
     if found is not None:
         return found, str(directory / f"{found.slug}.toml")
     if gpu_name not in _warned_gpus:
@@ -153,13 +154,21 @@ def choose(device, batch_size: int, gamma: int, kv_dim: int, kv_elem_size: int, 
                           kv_dtype)
 
 
-def explain(batch_size: int, gamma: int, alpha: float, kv_dim: int, kv_dtype: str = "float16",
-            gpu_name: str | None = None, dist: str = "binomial") -> tuple[Decision, list[str]]:
+def explain(batch_size: int | None, gamma: int | None, alpha: float | None, kv_dim: int | None,
+            kv_dtype: str = "float16", gpu_name: str | None = None, dist: str = "binomial") -> tuple[Decision, list[str]]:
     """The decision for a workload and every fact it rests on, for `sdbench list --dispatch`.
 
     alpha is the acceptance rate of dist (binomial: E[k] = α·γ; geometric: α(1 − α^γ)/(1 − α)).
     """
     import torch
+
+    missing = [name for name, value in (("--b", batch_size), ("--gamma", gamma), ("--alpha", alpha),
+                                        ("--kv-dim", kv_dim)) if value is None]
+    if missing:
+        raise SdbenchError(f"--dispatch needs the workload: {' '.join(missing)} "
+                           "(e.g. --b 32 --gamma 128 --alpha 0.9 --kv-dim 2048)")
+    if kv_dim < 1:
+        raise SdbenchError(f"--kv-dim must be >= 1 (verify_pack moves KV), got {kv_dim}")
 
     from sdbench.ops.workload import KV_DTYPES, VerifyConfig, expected_accepted_length
 

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from sdbench.errors import SdbenchError
+from sdbench.measure import tools
 
 CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
 EXTENSION_NAME = "sdbench_cuda"
@@ -293,7 +294,7 @@ def parse_ptxas(text: str, source: str | None = None) -> list[dict]:
                 current["barriers"] = int(barriers.group(1))
     records = list(kernels.values())
     for record, name in zip(records, demangle([r["mangled"] for r in records]), strict=True):
-        record["kernel"] = short_kernel_name(name)
+        record["kernel"] = tools.short_kernel_name(name, keep_templates=True)
     return records
 
 
@@ -315,19 +316,6 @@ def demangle(names: list[str]) -> list[str]:
         if done.returncode == 0 and len(lines) == len(names):
             return lines
     return list(names)
-
-
-def short_kernel_name(demangled: str) -> str:
-    """'void sdbench::(anonymous namespace)::k<int>(int*, ...)' -> 'sdbench::k<int>'."""
-    name = demangled.replace("(anonymous namespace)::", "")
-    if name.endswith(")"):
-        depth = 0
-        for index in range(len(name) - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(name[index], 0)
-            if depth == 0:
-                name = name[:index]
-                break
-    return name.removeprefix("void ").strip()
 
 
 def _report_key(arch: str, nvcc: str) -> str:

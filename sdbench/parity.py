@@ -2,18 +2,26 @@
 
 `check(impl, workload)` is the single comparison used by `sdbench parity`, the sweep (before timing
 a config) and the GPU tests. Outputs are poisoned before the run: buffers an implementation owns are
-filled with garbage by `poison`, and an implementation that leaves a slot unwritten fails.
+filled with garbage by `poison` (bools with the negation of the expected answer, so a kernel that
+never writes one always fails), and an implementation that leaves a slot unwritten fails.
+
+error_flags (sdbench.ops.input_contract) is an output like any other: a flag where the reference
+flags bad input is expected, any other flag (or a missing one) is a failure. Peers that do not check
+their input (FlashInfer, vLLM's design) may leave it out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from sdbench.errors import SdbenchError, closest
 from sdbench.ops import make_workload
+from sdbench.ops.input_contract import ERROR_FLAGS
 from sdbench.ops.pack import reference as pack_reference
 from sdbench.ops.prob_verify import reference
 from sdbench.ops.verify import reference as verify_reference
@@ -29,11 +37,17 @@ POISON_KV = -12345.0
 MAX_INPUT_BYTES = 512 * 2**20  # configs whose inputs would exceed this are skipped (and counted)
 
 
-def poison(outputs: Outputs) -> None:
-    """Fill every output buffer with values that no correct implementation produces."""
-    for tensor in outputs.values():
+def poison(outputs: Outputs, expected: Outputs | None = None) -> None:
+    """Fill every output buffer with values that no correct implementation produces: bools with the
+    negation of their expected value where expected has it (else random bits)."""
+    expected = expected or {}
+    for name, tensor in outputs.items():
         if tensor.dtype == torch.bool:
-            tensor.copy_(torch.randint(0, 2, tensor.shape, device=tensor.device, dtype=torch.bool))
+            want = expected.get(name)
+            if want is not None and want.shape == tensor.shape:
+                tensor.copy_(~want.to(tensor.device))
+            else:
+                tensor.copy_(torch.randint(0, 2, tensor.shape, device=tensor.device, dtype=torch.bool))
         elif tensor.is_floating_point():
             tensor.fill_(POISON_KV)
         else:
@@ -67,21 +81,26 @@ def expected_outputs(op: str, workload: VerifyWorkload) -> Outputs:
         return pack_reference.pack(w.draft_kv, w.accepted_lengths)
     if op == "verify_pack":
         return verify_pack_reference.verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv)
+    if op == "verify_ragged":
+        from sdbench.ops.verify_ragged.reference import verify_ragged
+
+        return verify_ragged(w.draft_tokens, w.target_tokens, w.cu_num_draft_tokens)
     raise ValueError(f"no greedy reference for operation {op!r}")
 
 
-def compare(expected: Outputs, actual: Outputs) -> str | None:
+def compare(expected: Outputs, actual: Outputs, optional: tuple[str, ...] = ()) -> str | None:
     """None when actual equals expected bit for bit; else a one-line description of the first diff.
 
     packed_kv is compared on its first sum(k_i) rows: kernels write into a preallocated [B·γ, kv_dim]
     buffer whose tail is unspecified. Names in `expected.float_atol` (prob_verify's float
     intermediates) may be absent from actual; present, they must be within that absolute tolerance
-    (a kernel may round differently from PyTorch, e.g. an approximate division or exp).
+    (a kernel may round differently from PyTorch, e.g. an approximate division or exp). Names in
+    optional may be absent too (compared when present).
     """
     float_atol = getattr(expected, "float_atol", {})
     for name, want in expected.items():
         if name not in actual:
-            if name in float_atol:
+            if name in float_atol or name in optional:
                 continue
             return f"{name}: missing from the outputs"
         got = actual[name]
@@ -123,12 +142,13 @@ def _as_bits(tensor: torch.Tensor) -> torch.Tensor:
 
 def check(impl: Implementation, workload: VerifyWorkload) -> str | None:
     """Run impl once on workload (outputs poisoned first) and compare with the reference."""
+    expected = expected_outputs(impl.op, workload)
     run = impl.prepare(workload)
     buffers = getattr(run, "outputs", None)  # prepared runs that own buffers expose them for poisoning
     if buffers is not None:
-        poison(buffers)
+        poison(buffers, expected)
     actual = run()
-    return compare(expected_outputs(impl.op, workload), actual)
+    return compare(expected, actual, optional=(ERROR_FLAGS,) if impl.peer else ())
 
 
 # --- grids -------------------------------------------------------------------------------------
@@ -163,6 +183,72 @@ QUICK_GRID = ParityGrid(
     prob_dtypes=("float32", "bfloat16"),
     logprobs=(False, True),
 )
+
+# `TRITON_INTERPRET=1 sdbench parity --quick` on a CPU runs every Triton kernel in the interpreter
+# (~10-30 ms per program, and prob_verify sweeps V per program): the quick grid at V=32000 took over
+# 11 minutes on 2 cores. This one keeps every code path (splits, padding, γ=1, both dtypes, log-probs,
+# all-accepted and all-rejected rows) at interpreter sizes, for about a minute on such a machine.
+INTERPRETER_QUICK_GRID = ParityGrid(
+    batch_sizes=(1, 33),
+    gammas=(1, 31),
+    alphas=(0.0, 0.6, 1.0),
+    kv_dims=(8,),
+    dists=("geometric",),
+    token_dtypes=("int64", "int32"),
+    kv_dtypes=("float16",),
+    prob_batch_sizes=(1, 5),
+    prob_gammas=(1, 4),
+    vocab_sizes=(300,),
+    prob_dtypes=("float32", "bfloat16"),
+    logprobs=(False, True),
+)
+
+
+def quick_grid(device: str | torch.device) -> ParityGrid:
+    """`--quick`'s grid: the interpreter-sized one where Triton runs interpreted on the CPU."""
+    from sdbench.ops import backends  # read at call time: tests switch the interpreter flag
+
+    if torch.device(device).type == "cpu" and backends.TRITON_INTERPRETED:
+        return INTERPRETER_QUICK_GRID
+    return QUICK_GRID
+
+
+@dataclass(frozen=True)
+class ParityPlan:
+    """What `sdbench parity` runs: validated implementations, grid and device."""
+
+    impls: list[Implementation]
+    grid: ParityGrid
+    device: str
+
+    @property
+    def total_configs(self) -> int:
+        return sum(count_configs(op, self.grid) for op in {impl.op for impl in self.impls})
+
+
+def plan(op: str | None = None, impl_names: list[str] | None = None, quick: bool = False, device: str | None = None,
+         **overrides: tuple | list | None) -> ParityPlan:
+    """Validate the parity command's choices (operation, names, device, grid overrides) at the library's edge.
+
+    quick on a CPU device with Triton interpreted picks INTERPRETER_QUICK_GRID; overrides (batch_sizes,
+    gammas, alphas, kv_dims) replace the grid's lists.
+    """
+    from sdbench import registry
+    from sdbench.ops import OPERATIONS
+    from sdbench.ops.backends import validate_device
+
+    device = validate_device(device)
+    grid = quick_grid(device) if quick else ParityGrid()
+    grid = dataclasses.replace(grid, **{name: tuple(values) for name, values in overrides.items() if values})
+    if op is not None and op not in OPERATIONS:
+        registry.get(op, "torch_eager")  # an unknown operation: one line with a suggestion
+    impls = [impl for o in ([op] if op else OPERATIONS) for impl in registry.implementations(o)]
+    known = sorted({impl.name for impl in impls})
+    for name in impl_names or []:
+        if name not in known:
+            raise SdbenchError(f"unknown implementation {name!r}{closest(name, known)}; see `sdbench list`")
+    impls = [impl for impl in impls if not impl_names or impl.name in impl_names]
+    return ParityPlan(impls, grid, device)
 
 
 def input_bytes(op: str, cfg: VerifyConfig) -> int:

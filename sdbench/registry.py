@@ -5,8 +5,10 @@ operation's folder under `sdbench/ops/`; every such module is imported on first 
 `parity`, `sweep`, `profile` and the API all see it from here.
 
 `prepare(workload)` does every allocation up front and returns a zero-argument callable that runs
-the implementation once and returns its outputs as a dict (names in sdbench.reference), so timing
-never includes allocation (except where allocation is the method, e.g. `draft_kv[mask]`).
+the implementation once and returns its outputs as a dict (names in each op's reference.py), so timing
+never includes allocation (except where allocation is the method, e.g. `draft_kv[mask]`). Entries with
+`writes_into=True` also take `prepare(workload, out=buffers)` and write into the caller's buffers: that
+is how the public API launches them, with no copy.
 """
 
 from __future__ import annotations
@@ -74,6 +76,15 @@ class Implementation:
     sync: bool = False  # syncs the host (data-dependent shape, .item()): never graph-captured
     peer: bool = False  # a baseline a user would pick instead of sdbench's kernels
     launches: int | None = None  # kernel launches per call, where known
+    not_capturable: str | None = None  # why a CUDA graph of it would measure nothing new (it syncs: see sync)
+    writes_into: bool = False  # prepare(workload, out=buffers) writes into the given output buffers
+
+    @property
+    def capture_refusal(self) -> str | None:
+        """Why this implementation is never captured in a CUDA graph, or None when it can be."""
+        if self.sync:
+            return "syncs the host (data-dependent shape or .item()): cannot be captured"
+        return self.not_capturable
 
     @property
     def key(self) -> tuple[str, str]:

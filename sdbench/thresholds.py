@@ -15,7 +15,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sdbench.errors import SdbenchError
+import numpy as np
+
+from sdbench.errors import SdbenchError, writable_folder
 
 PROFILE_VERSION = 1
 PROFILES_ENV = "SDBENCH_PROFILES"
@@ -204,8 +206,7 @@ def loads(text: str, where: str = "profile") -> Profile:
 
 
 def write_profile(profile: Profile, directory: str | Path | None = None) -> Path:
-    directory = Path(directory) if directory is not None else profiles_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = writable_folder(directory if directory is not None else profiles_dir(), "--profiles")
     path = directory / f"{profile.slug}.toml"
     temporary = path.with_suffix(".toml.tmp")
     temporary.write_text(dumps(profile))
@@ -246,3 +247,48 @@ def match_profile(profiles: list[Profile], gpu_name: str, gpu_cc: str = "") -> P
             if profile.gpu_cc == gpu_cc and _model_token(profile.gpu_name) == _model_token(gpu_name):
                 return profile
     return None
+
+
+# --- the crossover fit (calibrate-tau fits it; the report draws and checks it) ---------------------------
+def _group(kv_bytes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct byte values (sorted) and the sum of values at each."""
+    distinct, inverse = np.unique(kv_bytes, return_inverse=True)
+    return distinct, np.bincount(inverse, weights=values, minlength=len(distinct))
+
+
+def best_threshold(kv_bytes: np.ndarray, small_us: np.ndarray, large_us: np.ndarray) -> tuple[float, int]:
+    """(τ, misclassified) of the step rule with the lowest total latency.
+
+    τ lies inside the chosen gap between neighbouring distinct byte values, where the mean log ratio
+    log(t_small / t_large) crosses zero (linear in log-bytes); 0 or ∞ when no cut beats a constant rule.
+    """
+    distinct, small_sum = _group(kv_bytes, small_us)
+    _, large_sum = _group(kv_bytes, large_us)
+    _, small_better = _group(kv_bytes, (small_us < large_us).astype(float))
+    _, counts = _group(kv_bytes, np.ones_like(kv_bytes))
+    # Cut j: small for the first j distinct values, large for the rest (j = 0 ... m).
+    small_prefix = np.concatenate([[0.0], np.cumsum(small_sum)])
+    large_suffix = np.concatenate([np.cumsum(large_sum[::-1])[::-1], [0.0]])
+    cost = small_prefix + large_suffix
+    wrong_prefix = np.concatenate([[0.0], np.cumsum(counts - small_better)])  # small chosen, large was faster
+    wrong_suffix = np.concatenate([np.cumsum(small_better[::-1])[::-1], [0.0]])
+    wrong = wrong_prefix + wrong_suffix
+    # Lowest cost; among (numerically) equal costs, fewest misclassified, then the earliest cut.
+    tolerance = 1e-9 * max(float(cost.max()), 1.0)
+    candidates = np.flatnonzero(cost <= cost.min() + tolerance)
+    cut = int(candidates[np.argmin(wrong[candidates])])
+    misclassified = int(round(wrong[cut]))
+    if cut == 0:
+        return 0.0, misclassified
+    if cut == len(distinct):
+        return math.inf, misclassified
+    log_ratio_sum = _group(kv_bytes, np.log(small_us / large_us))[1]
+    mean_log_ratio = log_ratio_sum / counts
+    below, above = cut - 1, cut
+    log_low, log_high = math.log(max(distinct[below], 1.0)), math.log(max(distinct[above], 1.0))
+    d_low, d_high = mean_log_ratio[below], mean_log_ratio[above]
+    if d_low < 0 < d_high:
+        fraction = -d_low / (d_high - d_low)
+    else:  # the ratio does not change sign across the gap: cut in the middle (log scale)
+        fraction = 0.5
+    return math.exp(log_low + fraction * (log_high - log_low)), misclassified

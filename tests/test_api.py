@@ -64,7 +64,8 @@ def test_caller_buffers_are_written_and_missing_ones_allocated(workload):
 
 
 def test_direct_cuda_launchers_are_wired_by_name(workload, monkeypatch):
-    """The keyword plumbing into the CUDA ops' positional arguments, checked with a fake op namespace."""
+    """The API launches a CUDA entry through the registry straight into the caller's buffers: checked with a
+    fake op namespace of CPU launchers (argument order as in csrc/bindings.cpp)."""
     def verify_ballot(draft_tokens, target_tokens, accepted_lengths, has_mismatch, next_tokens):
         result = verify_reference.verify(draft_tokens, target_tokens)
         accepted_lengths.copy_(result["accepted_lengths"])
@@ -77,14 +78,15 @@ def test_direct_cuda_launchers_are_wired_by_name(workload, monkeypatch):
         packed_offsets.copy_(result["packed_offsets"])
 
     fake = types.SimpleNamespace(verify_ballot=verify_ballot, pack=pack)
-    from sdbench.ops import backends
+    from sdbench.ops.verify_pack import cuda_impls
 
-    monkeypatch.setattr(backends, "cuda_ops", lambda: fake)
+    monkeypatch.setattr(cuda_impls, "cuda_ops", lambda: fake)
     entry = registry.get("verify_pack", "ballot+pack_cuda")
     specs = api._output_specs(5, 9, torch.int32, 12, torch.bfloat16, api.VERIFY_OUTPUTS + api.PACK_OUTPUTS)
     buffers = api._outputs(None, specs, torch.device("cpu"))
     out = api._run("verify_pack", entry, draft_tokens=workload.draft_tokens, target_tokens=workload.target_tokens,
                    draft_kv=workload.draft_kv, buffers=buffers)
+    assert all(out[name] is buffers[name] for name in buffers)  # written in place, no copy
     _packed_equal(out, verify_pack_reference.verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv))
     assert torch.equal(out["accepted_lengths"], workload.accepted_lengths)
 
@@ -147,3 +149,19 @@ def test_auto_decides_from_shapes_and_alpha_only(workload, monkeypatch):
     monkeypatch.setattr(api.dispatch, "choose", spy)
     sdbench.verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv, expected_alpha=0.25)
     assert calls == [(5, 9, 12, 2, 0.25, "bfloat16")]
+
+
+def test_a_newly_registered_implementation_is_reachable_with_nothing_else_edited(workload, monkeypatch):
+    """The registry is the only declaration: one register() call makes an implementation callable by name."""
+    calls = []
+
+    def prepare(w):
+        calls.append(w.draft_tokens.data_ptr())
+        return lambda: verify_reference.verify(w.draft_tokens, w.target_tokens)
+
+    entry = registry.Implementation(op="verify", name="plain_loop_test", backend="torch", devices=("cpu",),
+                                    description="test double", prepare=prepare)
+    monkeypatch.setitem(registry._REGISTRY, entry.key, entry)
+    out = sdbench.verify(workload.draft_tokens, workload.target_tokens, impl="plain_loop_test")
+    assert calls == [workload.draft_tokens.data_ptr()]  # launched on the caller's tensors, no copy of inputs
+    assert torch.equal(out["accepted_lengths"], workload.accepted_lengths)

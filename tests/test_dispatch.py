@@ -7,8 +7,7 @@ import warnings
 import pytest
 from typer.testing import CliRunner
 
-from sdbench import dispatch
-from sdbench import thresholds as profiles
+from sdbench import dispatch, thresholds
 from sdbench.cli import app
 from sdbench.thresholds import Profile
 
@@ -21,7 +20,7 @@ PROFILE = Profile(gpu_name=H100, gpu_cc="9.0", tau_bytes=4e6, small_impl="fused_
 @pytest.fixture(autouse=True)
 def isolated_profiles(tmp_path, monkeypatch):
     """Every test sees its own (empty) profiles folder and a fresh dispatcher cache."""
-    monkeypatch.setenv(profiles.PROFILES_ENV, str(tmp_path))
+    monkeypatch.setenv(thresholds.PROFILES_ENV, str(tmp_path))
     dispatch.reset()
     yield tmp_path
     dispatch.reset()
@@ -66,7 +65,7 @@ def test_small_side_that_cannot_take_the_shape_yields(monkeypatch):
 
 
 def test_profile_for_a_calibrated_gpu(isolated_profiles):
-    profiles.write_profile(PROFILE, isolated_profiles)
+    thresholds.write_profile(PROFILE, isolated_profiles)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         found, source = dispatch.profile_for_gpu(H100, "9.0")
@@ -104,7 +103,7 @@ def test_list_dispatch_with_the_default(isolated_profiles):
 
 
 def test_list_dispatch_with_a_profile(isolated_profiles):
-    profiles.write_profile(Profile(gpu_name=H100, gpu_cc="9.0", tau_bytes=math.inf, small_impl="fused"),
+    thresholds.write_profile(Profile(gpu_name=H100, gpu_cc="9.0", tau_bytes=math.inf, small_impl="fused"),
                            isolated_profiles)
     args = ["list", "--dispatch", "--b", "32", "--gamma", "128", "--alpha", "0.9", "--kv-dim", "2048", "--gpu", H100]
     result = runner.invoke(app, args)

@@ -7,6 +7,7 @@ import torch
 
 from sdbench import ext, registry
 from sdbench.errors import SdbenchError
+from sdbench.measure import tools
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -49,7 +50,7 @@ def test_parse_ptxas_names_kernels_readably():
 
 def test_short_kernel_name_drops_arguments_and_anonymous_namespace():
     demangled = "void sdbench::(anonymous namespace)::k<(int)4>(sdbench::dev::L<int>, char const*, long)"
-    assert ext.short_kernel_name(demangled) == "sdbench::k<(int)4>"
+    assert tools.short_kernel_name(demangled, keep_templates=True) == "sdbench::k<(int)4>"
 
 
 def test_trim_build_error_keeps_error_lines():

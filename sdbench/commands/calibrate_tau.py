@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sdbench.errors import SdbenchError
-from sdbench.thresholds import Profile, format_bytes
+from sdbench.measure import results
+from sdbench.thresholds import Profile, best_threshold, format_bytes
 
 DEFAULT_SMALL = "fused_single_block"
 DEFAULT_LARGE = "ballot+pack_torch"
-CONFIG_COLUMNS = ("batch_size", "gamma", "alpha", "kv_dim", "dist", "token_dtype", "kv_dtype", "vocab_size")
 
 
 @dataclass
@@ -82,50 +82,6 @@ class TauFit:
 
 
 # --- the fit --------------------------------------------------------------------------------------
-def _group(kv_bytes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct byte values (sorted) and the sum of values at each."""
-    distinct, inverse = np.unique(kv_bytes, return_inverse=True)
-    return distinct, np.bincount(inverse, weights=values, minlength=len(distinct))
-
-
-def best_threshold(kv_bytes: np.ndarray, small_us: np.ndarray, large_us: np.ndarray) -> tuple[float, int]:
-    """(τ, misclassified) of the step rule with the lowest total latency.
-
-    τ lies inside the chosen gap between neighbouring distinct byte values, where the mean log ratio
-    log(t_small / t_large) crosses zero (linear in log-bytes); 0 or ∞ when no cut beats a constant rule.
-    """
-    distinct, small_sum = _group(kv_bytes, small_us)
-    _, large_sum = _group(kv_bytes, large_us)
-    _, small_better = _group(kv_bytes, (small_us < large_us).astype(float))
-    _, counts = _group(kv_bytes, np.ones_like(kv_bytes))
-    # Cut j: small for the first j distinct values, large for the rest (j = 0 ... m).
-    small_prefix = np.concatenate([[0.0], np.cumsum(small_sum)])
-    large_suffix = np.concatenate([np.cumsum(large_sum[::-1])[::-1], [0.0]])
-    cost = small_prefix + large_suffix
-    wrong_prefix = np.concatenate([[0.0], np.cumsum(counts - small_better)])  # small chosen, large was faster
-    wrong_suffix = np.concatenate([np.cumsum(small_better[::-1])[::-1], [0.0]])
-    wrong = wrong_prefix + wrong_suffix
-    # Lowest cost; among (numerically) equal costs, fewest misclassified, then the earliest cut.
-    tolerance = 1e-9 * max(float(cost.max()), 1.0)
-    candidates = np.flatnonzero(cost <= cost.min() + tolerance)
-    cut = int(candidates[np.argmin(wrong[candidates])])
-    misclassified = int(round(wrong[cut]))
-    if cut == 0:
-        return 0.0, misclassified
-    if cut == len(distinct):
-        return math.inf, misclassified
-    log_ratio_sum = _group(kv_bytes, np.log(small_us / large_us))[1]
-    mean_log_ratio = log_ratio_sum / counts
-    below, above = cut - 1, cut
-    log_low, log_high = math.log(max(distinct[below], 1.0)), math.log(max(distinct[above], 1.0))
-    d_low, d_high = mean_log_ratio[below], mean_log_ratio[above]
-    if d_low < 0 < d_high:
-        fraction = -d_low / (d_high - d_low)
-    else:  # the ratio does not change sign across the gap: cut in the middle (log scale)
-        fraction = 0.5
-    return math.exp(log_low + fraction * (log_high - log_low)), misclassified
-
-
 def _percentile_sorted(values: np.ndarray, q: float) -> float:
     """Percentile by rank (inf-safe: never interpolates between ∞ and a number)."""
     ordered = np.sort(values)
@@ -176,7 +132,7 @@ def pair_points(rows: list[dict], small: str, large: str, view: str) -> list[Pai
             continue
         if row.get("median_us") is None:
             continue
-        config = tuple(row.get(column) for column in CONFIG_COLUMNS)
+        config = results.config_key(row, machine=False)
         entry = by_config.setdefault(config, {small: [], large: []})
         entry[row["impl"]].append(row)
         kv_bytes[config] = float(row["accepted_kv_bytes"])
@@ -245,8 +201,6 @@ def measure_copy_bandwidth_gbps(device="cuda", n_bytes: int = 256 * 2**20, iters
 # --- the command ----------------------------------------------------------------------------------
 # The mini-sweep calibrate-tau runs when given no results: both sides of the published crossover
 # (~15 MB at b=32, γ=128, α=0.9, kv_dim=2048) down to a few KB, within the single-block kernel's B ≤ 32.
-CALIBRATION_GRID = {"batch_sizes": (1, 4, 16, 32), "gammas": (8, 32, 128), "alphas": (0.3, 0.6, 0.9),
-                    "kv_dims": (128, 512, 2048)}
 
 
 @dataclass
@@ -255,28 +209,6 @@ class Calibration:
     profile: Profile
     path: object  # Path of the written profile, None with write=False
     swept: object  # Path the mini-sweep wrote, None when results were given
-
-
-def run_calibration_sweep(out_dir, small: str, large: str, device: str = "cuda", progress=None):
-    """Measure the pair over CALIBRATION_GRID with sdbench.commands.sweep into out_dir/<run id>; returns that folder."""
-    from pathlib import Path
-
-    import torch
-
-    from sdbench.commands import sweep
-
-    if not torch.cuda.is_available():
-        raise SdbenchError("no results given and no CUDA device here to measure on: pass verify_pack sweep results "
-                           "(e.g. from `sdbench sweep --preset fused` on the GPU) or run calibrate-tau on the GPU")
-    run_id = sweep.new_run_id()
-    folder = Path(out_dir) / run_id  # a fresh folder: never mixes in an older run, or another GPU's
-    spec = sweep.build_spec(None, op="verify_pack", impls=(small, large), device=device, out_dir=folder,
-                            run_id=run_id, **CALIBRATION_GRID)
-    summary = sweep.run_sweep(spec, progress=progress)
-    if summary.interrupted:
-        raise SdbenchError(f"the calibration sweep was interrupted; its finished configs are in {folder} "
-                           "(pass that folder to calibrate-tau to fit on them)")
-    return folder
 
 
 def _rows_for_gpu(rows: list[dict], gpu_name: str | None) -> list[dict]:
@@ -294,18 +226,18 @@ def _rows_for_gpu(rows: list[dict], gpu_name: str | None) -> list[dict]:
 
 
 def calibrate(paths, *, small: str = DEFAULT_SMALL, large: str = DEFAULT_LARGE, view: str = "wall",
-              gpu_name: str | None = None, sweep_out="results/calibrate-tau", profiles_dir=None, write: bool = True,
-              seed: int = 0, n_boot: int = 200, progress=None) -> Calibration:
-    """Fit τ from results (or from a mini-sweep when paths is empty) and write the GPU's profile."""
+              gpu_name: str | None = None, profiles_dir=None, write: bool = True, seed: int = 0, n_boot: int = 200,
+              swept=None) -> Calibration:
+    """Fit τ from verify_pack results and write the GPU's profile (swept: the folder a mini-sweep wrote,
+    when the caller ran one, recorded in the result). It reads results; it never measures."""
     import sdbench
-    from sdbench import thresholds as profiles
-    from sdbench.commands import report
+    from sdbench import thresholds
 
-    swept = None
+    if view not in ("wall", "graph", "gpu", "cpu"):
+        raise SdbenchError(f"--view must be wall, graph, gpu or cpu, got {view!r}")
     if not paths:
-        swept = run_calibration_sweep(sweep_out, small, large, progress=progress)
-        paths = [swept]
-    rows = _rows_for_gpu(report.read_rows(paths), gpu_name)
+        raise SdbenchError("no results given: pass verify_pack sweep results (or let the CLI run the mini-sweep)")
+    rows = _rows_for_gpu(results.read_checked_rows(paths), gpu_name)
     points = pair_points(rows, small, large, view)
     if not points:
         present = sorted({row["impl"] for row in rows if row["op"] == "verify_pack" and row["status"] == "ok"})
@@ -325,7 +257,7 @@ def calibrate(paths, *, small: str = DEFAULT_SMALL, large: str = DEFAULT_LARGE, 
         bandwidth = None
     profile = make_profile(fit, rows, view=view, copy_bandwidth_gbps=bandwidth, copy_bandwidth_source=source,
                            sdbench_version=sdbench.__version__)
-    path = profiles.write_profile(profile, profiles_dir) if write else None
+    path = thresholds.write_profile(profile, profiles_dir) if write else None
     if write:
         from sdbench import dispatch
 

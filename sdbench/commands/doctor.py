@@ -299,6 +299,8 @@ def check_cuda_home(facts: Facts) -> Check:
     if is_toolkit(guess):
         source = "CUDA_HOME" if explicit else "unset; torch derives it from nvcc on PATH"
         return Check("CUDA_HOME", PASS, f"{guess} ({source})")
+    if facts.gpu is None and not explicit:  # nothing here builds CUDA kernels: not a problem to warn about
+        return Check("CUDA_HOME", PASS, "unset; only needed to build the CUDA kernels on a GPU machine")
     if explicit:
         return Check("CUDA_HOME", WARN, f"{explicit} is not a CUDA toolkit (no bin/nvcc or include/cuda_runtime.h)",
                      fix, exports)

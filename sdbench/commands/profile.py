@@ -31,7 +31,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import secrets
 import sys
 import time
 from collections.abc import Iterable
@@ -39,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import sdbench
-from sdbench.errors import SdbenchError, closest
-from sdbench.measure import tools
+from sdbench.errors import SdbenchError, closest, writable_folder
+from sdbench.measure import results, tools
 from sdbench.ops.workload import VerifyConfig
 
 TOOLS = ("auto", "nsys", "ncu", "torch")
@@ -368,10 +367,6 @@ def _device_events(prof) -> Iterable[tuple[str, float]]:
 
 
 # --- the whole command -------------------------------------------------------------------------
-def new_run_id() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-
-
 def select_impls(request: ProfileRequest, device: str = "cuda"):
     """(implementations to profile, [(name, why skipped)]). Named ones must run here; by default
     every implementation of the op that can run this config here."""
@@ -399,6 +394,7 @@ def validate(request: ProfileRequest) -> None:
     if request.op not in registry.OPERATIONS:
         registry.get(request.op, "")  # raises the one-line error with a suggestion
     registry.select(request.op, list(request.impls))  # unknown implementation: one line with a suggestion
+    writable_folder(request.out_dir)
 
 
 def run_profile(request: ProfileRequest, progress=None) -> ProfileReport:
@@ -412,7 +408,7 @@ def run_profile(request: ProfileRequest, progress=None) -> ProfileReport:
     unavailable = {tool: tool_unavailable(tool) for tool in ("nsys", "ncu", "torch")}
     choice = choose_tools(request.tool, unavailable)
     impls, skipped_impls = select_impls(request)
-    run_id = new_run_id()
+    run_id = results.new_run_id()
     reports_dir = run_folder(request.out_dir, run_id)
     report = ProfileReport(request, choice, run_id, [ImplProfile(i.name, i.backend) for i in impls], skipped_impls)
     _measure_wall(request, impls, report.impls)
@@ -583,7 +579,6 @@ def write_profile_parquet(report: ProfileReport, folder: str | Path, environment
     """Write the report's rows to folder/PROFILE_FILE (a temporary name, then rename)."""
     import pyarrow as pa
 
-    from sdbench.measure import results
 
     schema = profile_schema()
     rows = profile_rows(report, _environment() if environment is None else environment)

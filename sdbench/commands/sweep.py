@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -25,10 +24,10 @@ from typing import Any
 import torch
 
 from sdbench import parity, registry
-from sdbench.errors import SdbenchError, closest
+from sdbench.errors import SdbenchError, closest, writable_folder
 from sdbench.measure import environment as envinfo
 from sdbench.measure import results, timing
-from sdbench.ops import make_workload
+from sdbench.ops import backends, make_workload
 from sdbench.ops.launch_floor import LaunchFloor, launch_floor
 from sdbench.ops.workload import DEFAULT_VOCAB_SIZE, KV_DTYPES, VerifyConfig
 from sdbench.registry import Implementation
@@ -36,6 +35,8 @@ from sdbench.registry import Implementation
 SWEEP_DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace")
 KV_OPS = ("pack", "verify_pack")
 DEFAULT_KV_DIMS = (128, 512, 1024, 2048)
+
+SWEEP_WARMUP_CALLS = 500  # empty launches before the first config (~10 ms)
 
 # The published sweeps. Options given explicitly override a preset's values.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -48,6 +49,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"op": "verify", "batch_sizes": (1, 32), "gammas": (8, 128), "alphas": (0.3, 0.9)},
     "scale": {
         "op": "verify", "batch_sizes": (1, 32, 256, 1024, 4096), "gammas": (8, 128, 256, 1024), "alphas": (0.3, 0.9),
+    },
+    # [scale branch, issue #17] verify_pack from one sequence to 65,536 (run once plain, once --cold-l2);
+    # points whose draft KV does not fit beside its outputs become `error` rows, the rest run.
+    "scale-kv": {
+        "op": "verify_pack", "batch_sizes": (1, 8, 32, 256, 1024, 4096, 16384, 65536), "gammas": (4, 8, 32, 128),
+        "alphas": (0.3, 0.9), "kv_dims": (64, 128, 1024, 4096),
     },
 }
 
@@ -73,6 +80,8 @@ class SweepSpec:
     warmup: int = 20
     iters: int = 200
     gpu_iters: int = 50  # iterations profiled for the gpu view
+    max_noise: float = 0.01  # wall / graph: sample past iters until the median's relative SE is under this...
+    max_time: float = 0.5  # ...or this many seconds per view and config were spent (0: exactly iters samples)
     cold_l2: bool = False
     shard_index: int = 0
     shard_count: int = 1
@@ -149,18 +158,16 @@ def validate(spec: SweepSpec) -> None:
         raise SdbenchError(f"--warmup must be >= 0, got {spec.warmup}")
     if spec.iters < 1:
         raise SdbenchError(f"--iters must be >= 1, got {spec.iters}")
+    if not 0 < spec.max_noise < 1:
+        raise SdbenchError(f"--max-noise must be in (0, 1), e.g. 0.01 for 1%, got {spec.max_noise}")
+    if spec.max_time < 0:
+        raise SdbenchError(f"--max-time must be >= 0 seconds, got {spec.max_time}")
     if spec.gpu_iters < 1:
         raise SdbenchError(f"gpu_iters must be >= 1, got {spec.gpu_iters}")
     if not 0 <= spec.shard_index < spec.shard_count:
         raise SdbenchError(f"--shard: needs 0 <= i < n, got {spec.shard_index}/{spec.shard_count}")
-    try:
-        device = torch.device(spec.device)
-    except RuntimeError:
-        raise SdbenchError(f"--device: {spec.device!r} is not a device; use cuda or cpu") from None
-    if device.type not in ("cuda", "cpu"):
-        raise SdbenchError(f"--device: {spec.device!r} is not supported; use cuda or cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SdbenchError("--device cuda: no CUDA device is visible here; use --device cpu")
+    backends.validate_device(spec.device)
+    writable_folder(spec.out_dir)
     registry.select(spec.op, list(spec.impls))  # unknown names raise with a suggestion
     grid(spec)  # every config validates its own values
 
@@ -191,12 +198,18 @@ def shard(configs: list[VerifyConfig], index: int, count: int) -> list[VerifyCon
     return configs[index::count]
 
 
-def config_columns(op: str, device: str, cfg: VerifyConfig) -> dict[str, Any]:
-    """The results columns that identify cfg (results.CONFIG_COLUMNS); device is recorded by type (cuda, cpu)."""
+def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.TimingOptions) -> dict[str, Any]:
+    """The results columns of results.CONFIG_COLUMNS for cfg measured with options, plus the device
+    (recorded by type: cuda, cpu). The machine's gpu_name is added by the environment record."""
     return {
         "op": op, "device": torch.device(device).type, "batch_size": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha,
-        "kv_dim": cfg.kv_dim, "vocab_size": cfg.vocab_size, "dist": cfg.dist, "token_dtype": cfg.token_dtype,
-        "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype, "seed": cfg.seed,
+        "kv_dim": cfg.kv_dim, "vocab_size": cfg.vocab_size, "dist": cfg.dist,
+        "fixed_length": cfg.fixed_length if cfg.dist == "fixed" else None,
+        "trace_sha256": results.trace_sha256(cfg.trace_path) if cfg.dist == "trace" else None,
+        "token_dtype": cfg.token_dtype, "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype,
+        "seed": cfg.seed, "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,
+        "settings": (f"warmup={options.warmup} iters={options.iters} gpu_iters={options.gpu_iters} "
+                     f"max_noise={options.max_noise:g} max_time={options.max_time_s:g}"),
     }
 
 
@@ -231,6 +244,9 @@ class SweepSummary:
     parts: list[Path] = field(default_factory=list)
     medians_us: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (impl, view) -> per config
     statuses: dict[str, dict[str, int]] = field(default_factory=dict)  # impl -> status -> configs
+    timed_rows: int = 0  # ok rows of implementations (the launch floor not counted)
+    failed_rows: int = 0  # rows that failed parity or raised
+    reasons: dict[str, list[str]] = field(default_factory=dict)  # why rows were not timed -> implementations
 
     @property
     def remaining(self) -> int:
@@ -251,10 +267,15 @@ class SweepSummary:
                 counts[row["status"]] = counts.get(row["status"], 0) + 1
             if row["status"] == "ok":
                 self.medians_us.setdefault((row["impl"], row["view"]), []).append(row["median_us"])
-
-
-def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
+            if row["impl"] == timing.LAUNCH_FLOOR:
+                continue
+            if row["status"] == "ok":
+                self.timed_rows += 1
+                continue
+            self.failed_rows += row["status"] in ("failed", "error")
+            names = self.reasons.setdefault(f"{row['status']}: {row['reason'] or 'no reason given'}", [])
+            if row["impl"] not in names:
+                names.append(row["impl"])
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -265,7 +286,7 @@ def check_op_available(op: str) -> None:
     if op == "prob_verify":
         try:
             make_workload(op, VerifyConfig(batch_size=1, gamma=1, vocab_size=8), "cpu")
-        except (SdbenchError, NotImplementedError) as err:
+        except SdbenchError as err:
             raise SdbenchError(f"prob_verify cannot be swept here yet: {err}") from None
 
 
@@ -281,11 +302,14 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
     device = str(torch.device(spec.device))
     configs = grid(spec)
     mine = shard(configs, spec.shard_index, spec.shard_count)
+    options = timing.TimingOptions(warmup=spec.warmup, iters=spec.iters, gpu_iters=spec.gpu_iters, cold_l2=spec.cold_l2,
+                                   max_noise=spec.max_noise, max_time_s=spec.max_time)
     done = results.done_configs(spec.out_dir) if spec.resume else set()
-    todo = [cfg for cfg in mine if results.config_key(config_columns(spec.op, device, cfg)) not in done]
-    options = timing.TimingOptions(warmup=spec.warmup, iters=spec.iters, gpu_iters=spec.gpu_iters, cold_l2=spec.cold_l2)
+    machine = {"gpu_name": envinfo.collect(device).get("gpu_name")}
+    todo = [cfg for cfg in mine
+            if results.config_key({**config_columns(spec.op, device, cfg, options), **machine}) not in done]
     summary = SweepSummary(
-        run_id=spec.run_id or new_run_id(), out_dir=Path(spec.out_dir), device=device,
+        run_id=spec.run_id or results.new_run_id(), out_dir=Path(spec.out_dir), device=device,
         views=timing.views_for(device), grid_size=len(configs), shard_size=len(mine), skipped=len(mine) - len(todo),
     )
     notify = progress or (lambda _: None)
@@ -294,12 +318,22 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
     try:
         with on_device:
             floor = launch_floor(device)
+            if floor.run is not None and todo:
+                # The first config of a sweep used to pay the warm-up of clocks, driver and caches (its floor
+                # moved 2×): spend it here, on the launch path itself, before anything is recorded.
+                timing.measure({timing.LAUNCH_FLOOR: floor.run}, device,
+                               timing.TimingOptions(warmup=SWEEP_WARMUP_CALLS, iters=1, views=("wall", "graph")))
             notify(SweepProgress(0, len(todo), None))
             for cfg in todo:
                 notify(SweepProgress(summary.measured, len(todo), label(spec.op, cfg)))
-                rows = measure_config(spec.op, cfg, impls, device, options, floor, summary.run_id)
-                key_values = config_columns(spec.op, device, cfg)
-                summary.parts.append(results.write_part(spec.out_dir, results.part_name(summary.run_id, key_values), rows))
+                key_values = {**config_columns(spec.op, device, cfg, options), **machine}
+                with results.config_claim(spec.out_dir, key_values, spec.resume) as claimed:
+                    if not claimed:  # another sweep into this folder is measuring it, or has
+                        summary.skipped += 1
+                        continue
+                    rows = measure_config(spec.op, cfg, impls, device, options, floor, summary.run_id)
+                    summary.parts.append(results.write_part(spec.out_dir, results.part_name(summary.run_id, rows[0]),
+                                                            rows))
                 summary.add(rows)
                 summary.measured += 1
                 notify(SweepProgress(summary.measured, len(todo), None))
@@ -316,8 +350,7 @@ def measure_config(
     views = timing.views_for(device, options)
     base = {
         "run_id": run_id, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **envinfo.collect(device), **config_columns(op, device, cfg),
-        "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,
+        **envinfo.collect(device), **config_columns(op, device, cfg, options),
     }
     try:
         workload = make_workload(op, cfg, device)
@@ -338,10 +371,8 @@ def measure_config(
         runs[impl.name] = run
         if reason is not None:
             notes[impl.name] = reason
-        if impl.sync:
-            not_capturable[impl.name] = "syncs the host (data-dependent shape or .item()): cannot be captured"
-        elif getattr(run, "not_capturable", None):
-            not_capturable[impl.name] = run.not_capturable
+        if impl.capture_refusal:
+            not_capturable[impl.name] = impl.capture_refusal
 
     callables = dict(runs)
     if floor.run is not None:
@@ -361,13 +392,14 @@ def measure_config(
     for impl in impls:
         if impl.name in runs:
             rows_of[impl.name] = [
-                _timed_row(base, impl, view, timings[impl.name][view], workload_columns) for view in views
+                _timed_row(base, impl, view, timings[impl.name][view], workload_columns, options.max_noise)
+                for view in views
             ]
             for row in rows_of[impl.name]:
                 if row["status"] == "ok" and impl.name in notes:
                     row["reason"] = notes[impl.name]
     rows = [row for impl in impls for row in rows_of[impl.name]]
-    rows.extend(_floor_rows(base, floor, views, timings.get(timing.LAUNCH_FLOOR)))
+    rows.extend(_floor_rows(base, floor, views, timings.get(timing.LAUNCH_FLOOR), options.max_noise))
     gpu_iters = min(options.iters, options.gpu_iters)
     for row in rows:
         row.update(
@@ -455,15 +487,18 @@ def _row(base: dict[str, Any], impl: Implementation, view: str, status: str, rea
     }
 
 
-def _with_stats(row: dict[str, Any], result: timing.ViewResult) -> dict[str, Any]:
+def _with_stats(row: dict[str, Any], result: timing.ViewResult, max_noise: float) -> dict[str, Any]:
     stats = result.stats
     if stats is not None:
-        row.update(dataclasses.asdict(stats), samples_us=list(result.samples_us))
+        noise = timing.median_noise(result.samples_us)
+        row.update(dataclasses.asdict(stats), samples_us=list(result.samples_us), noise=noise,
+                   noisy=noise is None or noise > max_noise)
     return row
 
 
-def _timed_row(base, impl: Implementation, view: str, result: timing.ViewResult, workload_columns) -> dict[str, Any]:
-    row = _with_stats(_row(base, impl, view, result.status, result.reason), result)
+def _timed_row(base, impl: Implementation, view: str, result: timing.ViewResult, workload_columns,
+               max_noise: float) -> dict[str, Any]:
+    row = _with_stats(_row(base, impl, view, result.status, result.reason), result, max_noise)
     bytes_moved = workload_columns["bytes_moved"]
     row["bytes_moved"] = bytes_moved
     if bytes_moved is not None and row.get("median_us"):
@@ -471,7 +506,7 @@ def _timed_row(base, impl: Implementation, view: str, result: timing.ViewResult,
     return row
 
 
-def _floor_rows(base, floor: LaunchFloor, views, floor_timings) -> list[dict[str, Any]]:
+def _floor_rows(base, floor: LaunchFloor, views, floor_timings, max_noise: float) -> list[dict[str, Any]]:
     rows = []
     for view in views:
         row = {
@@ -483,6 +518,27 @@ def _floor_rows(base, floor: LaunchFloor, views, floor_timings) -> list[dict[str
         else:
             result = floor_timings[view]
             row.update(status=result.status, reason=result.reason if result.status != "ok" else floor.reason)
-            _with_stats(row, result)
+            _with_stats(row, result, max_noise)
         rows.append(row)
     return rows
+
+
+# --- calibrate-tau's mini-sweep (the CLI chains it before the fit) ------------------------------------
+CALIBRATION_GRID = {"batch_sizes": (1, 4, 16, 32), "gammas": (8, 32, 128), "alphas": (0.3, 0.6, 0.9),
+                    "kv_dims": (128, 512, 2048)}
+
+
+def run_calibration_sweep(out_dir, small: str, large: str, device: str = "cuda", progress=None) -> Path:
+    """calibrate-tau's mini-sweep: the pair over CALIBRATION_GRID into out_dir/<run id>; returns that folder."""
+    if not torch.cuda.is_available():
+        raise SdbenchError("no results given and no CUDA device here to measure on: pass verify_pack sweep results "
+                           "(e.g. from `sdbench sweep --preset fused` on the GPU) or run calibrate-tau on the GPU")
+    run_id = results.new_run_id()
+    folder = Path(out_dir) / run_id  # a fresh folder: never mixes in an older run, or another GPU's
+    spec = build_spec(None, op="verify_pack", impls=(small, large), device=device, out_dir=folder,
+                            run_id=run_id, **CALIBRATION_GRID)
+    summary = run_sweep(spec, progress=progress)
+    if summary.interrupted:
+        raise SdbenchError(f"the calibration sweep was interrupted; its finished configs are in {folder} "
+                           "(pass that folder to calibrate-tau to fit on them)")
+    return folder

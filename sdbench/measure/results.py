@@ -7,9 +7,14 @@ use pyarrow only (the GPU host has no polars); the report reads the same files w
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import re
+import secrets
+import socket
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +23,8 @@ import pyarrow.parquet as pq
 
 from sdbench.errors import SdbenchError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)  # version 1 lacks fixed_length, trace_sha256 and settings: they read as null
 PART_GLOB = "part-*.parquet"
 
 SCHEMA = pa.schema([
@@ -48,6 +54,8 @@ SCHEMA = pa.schema([
     ("seed", pa.int32()),
     ("alpha", pa.float64()),
     ("dist", pa.string()),
+    ("fixed_length", pa.int32()),
+    ("trace_sha256", pa.string()),
     ("token_dtype", pa.string()),
     ("kv_dtype", pa.string()),
     ("mean_accepted_length", pa.float64()),
@@ -62,12 +70,15 @@ SCHEMA = pa.schema([
     ("warmup", pa.int32()),
     ("iters", pa.int32()),
     ("cold_l2", pa.bool_()),
+    ("settings", pa.string()),
     ("median_us", pa.float64()),
     ("p95_us", pa.float64()),
     ("min_us", pa.float64()),
     ("mean_us", pa.float64()),
     ("std_us", pa.float64()),
     ("samples_us", pa.list_(pa.float64())),
+    ("noise", pa.float64()),
+    ("noisy", pa.bool_()),
     ("launch_floor_us", pa.float64()),
     ("bytes_moved", pa.int64()),
     ("achieved_gbps", pa.float64()),
@@ -77,16 +88,43 @@ COLUMNS = tuple(SCHEMA.names)
 STATUSES = ("ok", "failed", "unavailable", "error")
 VIEWS = ("wall", "graph", "gpu", "cpu")
 
-# What identifies a config for --resume: the workload it measures and where it ran.
+# THE config key: what a row measured (the workload) and how (L2 state, and `settings`: the sweep's
+# warm-up and iteration counts, one string shared by every view of a config — a row's own `iters` differ
+# by view, the gpu view profiling fewer). --resume,
+# the report's cells, compare and calibrate-tau all group rows by it; rows that differ in any of these
+# columns never pool. The machine columns are added where runs of one machine belong together (resume,
+# report) and left out where runs are matched across machines (compare).
 CONFIG_COLUMNS = (
-    "op", "device", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist", "token_dtype", "kv_dtype", "seed",
+    "op", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist", "fixed_length", "trace_sha256",
+    "token_dtype", "kv_dtype", "seed", "cold_l2", "settings",
 )
+MACHINE_COLUMNS = ("device", "gpu_name")
 ConfigKey = tuple
 
 
-def config_key(values: Mapping[str, Any]) -> ConfigKey:
-    """The resume key of a row or a row-shaped dict (alpha rounded so 0.3 read back equals 0.3)."""
-    return tuple(round(float(values[c]), 9) if c == "alpha" else values[c] for c in CONFIG_COLUMNS)
+def config_key(values: Mapping[str, Any], machine: bool = True) -> ConfigKey:
+    """The config key of a row or row-shaped dict (alpha rounded so 0.3 read back equals 0.3); with the
+    machine columns unless machine=False. Columns a row lacks (older files) count as None."""
+    columns = CONFIG_COLUMNS + (MACHINE_COLUMNS if machine else ())
+    return tuple(_key_value(column, values.get(column)) for column in columns)
+
+
+def _key_value(column: str, value: Any) -> Any:
+    if column == "alpha" and value is not None:
+        return round(float(value), 9)
+    return value
+
+
+def trace_sha256(path: str | Path | None) -> str | None:
+    """The trace file's content hash: a changed trace is a different workload even under the same name."""
+    if path is None:
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def new_run_id() -> str:
+    """The one run-id format: UTC time to the second and 4 random hex digits (sortable, unique enough)."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -122,7 +160,12 @@ def part_name(run_id: str, key_values: Mapping[str, Any]) -> str:
         f"{c['op']}-{c['device']}-b{c['batch_size']}-g{c['gamma']}-a{float(c['alpha']):g}-kv{c['kv_dim']}"
         f"-v{c['vocab_size']}-{c['dist']}-{c['token_dtype']}-{c['kv_dtype']}-s{c['seed']}"
     )
-    return _SLUG_UNSAFE.sub("_", f"part-{run_id}-{slug}") + ".parquet"
+    return _SLUG_UNSAFE.sub("_", f"part-{run_id}-{slug}-{_key_digest(key_values)}") + ".parquet"
+
+
+def _key_digest(key_values: Mapping[str, Any]) -> str:
+    """8 hex digits of the config key (machine included): in every part's name, so a listing finds a config."""
+    return hashlib.sha256(repr(config_key(key_values)).encode()).hexdigest()[:8]
 
 
 def write_part(folder: str | Path, name: str, rows: Iterable[Mapping[str, Any]]) -> Path:
@@ -144,6 +187,66 @@ def write_table_atomically(table: pa.Table, final: Path) -> Path:
 
 
 # --- reading -----------------------------------------------------------------------------------
+# The columns without which a parquet file is not sdbench results (a friendly refusal, not a KeyError).
+REQUIRED_COLUMNS = (
+    "schema_version", "run_id", "gpu_name", "device", "op", "batch_size", "gamma", "alpha", "kv_dim", "impl",
+    "is_peer", "view", "status", "median_us", "samples_us", "launch_floor_us", "accepted_kv_bytes",
+)
+
+
+def resolve_files(paths: list[str | Path]) -> list[Path]:
+    """Parquet files named, or found directly in named folders, in a stable order."""
+    if not paths:
+        raise SdbenchError("no results given: name parquet files or folders written by `sdbench sweep`")
+    files: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():  # a folder's own parts, not its subfolders' (docs/results-schema.md)
+            found = sorted(path.glob("*.parquet"))
+            if not found:
+                nested = sorted({str(part.parent) for part in path.rglob("*.parquet")})
+                hint = f"; its subfolders do: name them ({', '.join(nested[:3])}{', ...' if len(nested) > 3 else ''})" if nested else (
+                    " (is it a `sdbench sweep --out` folder?)")
+                raise SdbenchError(f"folder {str(path)!r} holds no .parquet files{hint}")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise SdbenchError(f"no such file or folder: {str(path)!r}")
+    return list(dict.fromkeys(files))
+
+
+def check_file(path: Path) -> None:
+    """Refuse what is not sdbench results of a known schema version, in one line."""
+    try:
+        names = pq.read_schema(path).names
+    except Exception:  # pyarrow raises several types for "not parquet"
+        raise SdbenchError(f"{str(path)!r} is not a parquet file") from None
+    missing = [column for column in REQUIRED_COLUMNS if column not in names]
+    if missing:
+        raise SdbenchError(
+            f"{str(path)!r} is not sdbench results (missing columns: {', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}); report reads parquet written by `sdbench sweep`"
+        )
+    versions = set(pq.read_table(path, columns=["schema_version"]).column(0).to_pylist())
+    unknown = sorted(v for v in versions if v not in READABLE_SCHEMA_VERSIONS)
+    if unknown:
+        raise SdbenchError(
+            f"{str(path)!r} has results schema version {unknown[0]}; this sdbench reads version "
+            f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (use the sdbench that wrote it, or re-run the sweep)"
+        )
+
+
+def read_checked_rows(paths: list[str | Path]) -> list[dict]:
+    """Every row of the named files or folders as a dict of SCHEMA, each file checked first (pyarrow
+    alone: calibrate-tau runs on the GPU host, which has no polars)."""
+    rows: list[dict] = []
+    for path in resolve_files(paths):
+        check_file(path)
+        rows.extend(read_part(path).to_pylist())
+    return rows
+
+
 def part_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     """Every part file in the given folders (not their subfolders) or the given files, sorted; `.tmp` never."""
     if isinstance(paths, (str, Path)):
@@ -163,19 +266,25 @@ def _check_version(path: Path, table: pa.Table) -> None:
     if "schema_version" not in table.column_names:
         raise SdbenchError(f"{path} is not an sdbench results file (no schema_version column)")
     versions = set(table.column("schema_version").to_pylist())
-    unknown = versions - {SCHEMA_VERSION}
+    unknown = versions - set(READABLE_SCHEMA_VERSIONS)
     if unknown:
         raise SdbenchError(
-            f"{path} has results schema version {sorted(unknown)[0]}; this sdbench reads version {SCHEMA_VERSION}"
+            f"{path} has results schema version {sorted(unknown)[0]}; this sdbench reads versions "
+            f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (use the sdbench that wrote it, or re-run the sweep)"
         )
 
 
 def read_part(path: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """One part as a table of SCHEMA (or of columns): columns an older version lacks read as null."""
     path = Path(path)
-    wanted = None if columns is None else list(dict.fromkeys(["schema_version", *columns]))
-    table = pq.read_table(path, columns=wanted)
+    present = set(pq.read_schema(path).names)
+    wanted = list(COLUMNS) if columns is None else list(columns)
+    table = pq.read_table(path, columns=[c for c in dict.fromkeys(["schema_version", *wanted]) if c in present])
     _check_version(path, table)
-    return table if columns is None else table.select(columns)
+    for name in wanted:
+        if name not in present:
+            table = table.append_column(SCHEMA.field(name), pa.nulls(table.num_rows, SCHEMA.field(name).type))
+    return table.select(wanted).cast(pa.schema([SCHEMA.field(c) for c in wanted]))
 
 
 def read_results(paths: str | Path | Iterable[str | Path], columns: list[str] | None = None) -> pa.Table:
@@ -192,9 +301,62 @@ def read_rows(paths: str | Path | Iterable[str | Path], columns: list[str] | Non
     return read_results(paths, columns).to_pylist()
 
 
+@contextlib.contextmanager
+def config_claim(folder: str | Path, key_values: Mapping[str, Any], resume: bool = True):
+    """Claim one config of a results folder for this process: yields True when it is ours to measure.
+
+    The claim is a lock file created with O_CREAT | O_EXCL (atomic on local and NFS v3+ filesystems), named
+    by a hash of the config key, and removed when the config's part is written (or the measurement fails).
+    A second sweep or resume into the same folder at the same time skips what the first has claimed or
+    written (with resume: a part whose name carries this config's key hash, a directory listing, not a read).
+    The lock holds its owner's host and pid: a lock left by a killed sweep on this host (its pid is gone) is
+    stale and taken over, so a resume after a timeout measures the config the killed sweep was on. A lock
+    from another host is honoured (its owner cannot be checked from here): delete the `.claim-*` file.
+    """
+    digest = hashlib.sha256(repr(config_key(key_values)).encode()).hexdigest()[:16]
+    lock = Path(folder) / f".claim-{digest}"
+    for attempt in range(2):
+        try:
+            handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            if attempt == 0 and _stale_claim(lock):
+                lock.unlink(missing_ok=True)  # two resumes racing here: O_EXCL still lets only one in
+                continue
+            yield False
+            return
+    os.write(handle, f"{socket.gethostname()} {os.getpid()}\n".encode())
+    os.close(handle)
+    try:
+        if resume and any(Path(folder).glob(f"part-*-{_key_digest(key_values)}.parquet")):
+            yield False  # finished by another sweep since this one listed the folder
+        else:
+            yield True
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _stale_claim(lock: Path) -> bool:
+    """True when the lock was written on this host by a process that no longer runs."""
+    try:
+        host, pid = lock.read_text().split()
+        pid_number = int(pid)
+    except (OSError, ValueError):
+        return False  # being written right now, or not ours to judge
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid_number, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
+
+
 def done_configs(folder: str | Path) -> set[ConfigKey]:
     """The config keys already written under folder (what --resume skips)."""
     if not Path(folder).is_dir():
         return set()
-    table = read_results(folder, list(CONFIG_COLUMNS))
+    table = read_results(folder, list(CONFIG_COLUMNS + MACHINE_COLUMNS))
     return {config_key(row) for row in table.to_pylist()}

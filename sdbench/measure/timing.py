@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sdbench.errors import describe_error
+
 LAUNCH_FLOOR = "launch_floor"
 CUDA_VIEWS = ("wall", "graph", "gpu")
 CPU_VIEWS = ("cpu",)
@@ -77,6 +79,31 @@ def summarize(samples_us: Sequence[float]) -> Stats | None:
     )
 
 
+def median_noise(samples_us: Sequence[float]) -> float | None:
+    """The relative standard error of the median, distribution-free (nvbench-style noise).
+
+    The 95% confidence interval of a median from order statistics spans ranks n/2 ± 0.98·√n (sorted
+    samples, no assumption on their distribution: launch-time samples are skewed and heavy-tailed);
+    half its width over 1.96 is the median's standard error. Returned relative to the median; None with
+    fewer than 8 samples (the interval would reach past the extremes).
+    """
+    count = len(samples_us)
+    if count < 8:
+        return None
+    ordered = sorted(samples_us)
+    spread = 0.98 * math.sqrt(count)
+    low = ordered[max(0, math.floor(count / 2 - spread))]
+    high = ordered[min(count - 1, math.ceil(count / 2 + spread))]
+    median = percentile(ordered, 50.0)
+    return (high - low) / 2.0 / 1.96 / median if median > 0 else None
+
+
+def is_noisy(samples_us: Sequence[float], max_noise: float) -> bool:
+    """Above the noise threshold, or too few samples to tell."""
+    noise = median_noise(samples_us)
+    return noise is None or noise > max_noise
+
+
 # --- results -----------------------------------------------------------------------------------
 @dataclass
 class ViewResult:
@@ -101,6 +128,10 @@ class TimingOptions:
     gpu_iters: int = 50  # iterations profiled for the gpu view (capped at iters)
     cold_l2: bool = False  # write a buffer of 2x L2 between iterations, outside the timed region
     views: tuple[str, ...] | None = None  # None: every view of the device
+    # Noise-aware sampling (wall and graph views): after the first `iters` samples, keep taking batches of
+    # `iters` while a callable's median noise exceeds max_noise and less than max_time_s was spent on the view.
+    max_noise: float = 0.01
+    max_time_s: float = 0.0  # 0: a fixed sample count (iters), no extra batches
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
@@ -109,6 +140,10 @@ class TimingOptions:
             raise ValueError(f"iters must be >= 1, got {self.iters}")
         if self.gpu_iters < 1:
             raise ValueError(f"gpu_iters must be >= 1, got {self.gpu_iters}")
+        if not self.max_noise > 0:
+            raise ValueError(f"max_noise must be > 0, got {self.max_noise}")
+        if self.max_time_s < 0:
+            raise ValueError(f"max_time_s must be >= 0, got {self.max_time_s}")
 
 
 def views_for(device: str | torch.device, options: TimingOptions | None = None) -> tuple[str, ...]:
@@ -120,11 +155,6 @@ def views_for(device: str | torch.device, options: TimingOptions | None = None) 
     if unknown:
         raise ValueError(f"view(s) {unknown} cannot be measured on {device}; choose from {native}")
     return tuple(view for view in native if view in options.views)
-
-
-def describe_error(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def _rotation(names: list[str], round_index: int) -> list[str]:
@@ -206,31 +236,52 @@ def _fail(result: ViewResult, err: BaseException, active: list[str], name: str) 
         active.remove(name)
 
 
+def _timing_events(count: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+    """count (start, end) pairs, created AND recorded once now: torch.cuda.Event creates its CUDA event
+    lazily inside its first record(), which would otherwise put cudaEventCreate inside a timed pair."""
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+    for start, end in pairs:
+        start.record()
+        end.record()
+    return pairs
+
+
 def _event_loop(runs: Mapping[str, Callable[[], object]], device, options, flush, results) -> None:
-    """Round-robin: flush (untimed), idle device, event, one run, event. Elapsed times at the end."""
+    """Round-robin: flush (untimed), idle device, event, one run, event. Elapsed times after each batch.
+
+    The first batch has `warmup` untimed rounds and `iters` timed ones; further batches of `iters` run, for
+    the callables still above max_noise, until max_time_s has been spent in this view.
+    """
+    started = time.perf_counter()
     active = [name for name in runs if results[name].status == "ok"]
-    events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {name: [] for name in active}
-    for round_index in range(options.warmup + options.iters):
-        timed = round_index >= options.warmup
-        for name in _rotation(active, round_index):
-            if flush is not None:
-                flush()
-            # An idle device before the start event puts the host's launch cost inside the pair.
-            torch.cuda.synchronize(device)
-            try:
-                if timed:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    runs[name]()
-                    end.record()
-                    events[name].append((start, end))
-                else:
-                    runs[name]()
-            except Exception as err:
-                _fail(results[name], err, active, name)
-    torch.cuda.synchronize(device)
-    for name in active:
-        results[name].samples_us = [start.elapsed_time(end) * 1000.0 for start, end in events[name]]
+    warmup = options.warmup
+    while active:
+        events = {name: _timing_events(options.iters) for name in active}
+        torch.cuda.synchronize(device)
+        for round_index in range(warmup + options.iters):
+            timed = round_index >= warmup
+            for name in _rotation(active, round_index):
+                if flush is not None:
+                    flush()
+                # An idle device before the start event puts the host's launch cost inside the pair.
+                torch.cuda.synchronize(device)
+                try:
+                    if timed:
+                        start, end = events[name][round_index - warmup]
+                        start.record()
+                        runs[name]()
+                        end.record()
+                    else:
+                        runs[name]()
+                except Exception as err:
+                    _fail(results[name], err, active, name)
+        torch.cuda.synchronize(device)
+        for name in active:
+            results[name].samples_us += [start.elapsed_time(end) * 1000.0 for start, end in events[name]]
+        warmup = 0
+        if time.perf_counter() - started >= options.max_time_s:
+            break
+        active = [name for name in active if is_noisy(results[name].samples_us, options.max_noise)]
 
 
 def _measure_wall(callables, device, options, flush) -> dict[str, ViewResult]:

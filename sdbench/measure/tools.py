@@ -483,9 +483,11 @@ def _parse_ncu_raw(header: list[str], rows: list[list[str]]) -> list[NcuLaunch]:
     return launches
 
 
-def short_kernel_name(name: str) -> str:
-    """'void ns::verify_ballot<(int)32>(const long *, int)' -> 'verify_ballot' (for tables)."""
-    text = name.strip()
+def short_kernel_name(name: str, keep_templates: bool = False) -> str:
+    """The one kernel-name shortener. 'void ns::(anonymous namespace)::verify_ballot<(int)32>(const long *, int)'
+    -> 'verify_ballot' for tables; with keep_templates, 'ns::verify_ballot<(int)32>' (the ptxas report tells
+    template instances apart)."""
+    text = name.strip().replace("(anonymous namespace)::", "")
     if text.startswith("void "):
         text = text[len("void "):]
     depth, cut = 0, len(text)
@@ -497,7 +499,9 @@ def short_kernel_name(name: str) -> str:
         elif char == "(" and depth == 0 and index > 0:
             cut = index
             break
-    text = text[:cut]
+    text = text[:cut].strip()
+    if keep_templates:
+        return text or name
     while "<" in text:  # drop template arguments, innermost first
         stripped = re.sub(r"<[^<>]*>", "", text)
         if stripped == text:

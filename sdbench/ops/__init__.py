@@ -5,6 +5,7 @@
     ops/workload.py            VerifyConfig (one point of any grid) and the greedy ops' inputs
     ops/prob_verify/workload.py  prob_verify's inputs
     ops/prob_verify_logits/workload.py  prob_verify_logits' inputs (LogitsConfig)
+    ops/verify_ragged/workload.py  verify_ragged's inputs (ragged γ_i, flattened layout)
 
 The registry imports every `*_impls` module under this package, so adding an implementation is one
 function and one `register(...)` call in its op's folder.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify", "prob_verify_logits")
+OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify", "prob_verify_logits", "verify_ragged")
 
 
 def make_workload(op: str, cfg, device: str | torch.device = "cpu"):
@@ -27,6 +28,10 @@ def make_workload(op: str, cfg, device: str | torch.device = "cpu"):
         from sdbench.ops.prob_verify_logits.workload import make_logits_workload
 
         return make_logits_workload(cfg, device)
+    if op == "verify_ragged":
+        from sdbench.ops.verify_ragged.workload import make_ragged_workload
+
+        return make_ragged_workload(cfg, device)
     from sdbench.ops.workload import make_verify_workload
 
     return make_verify_workload(cfg, device)

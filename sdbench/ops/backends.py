@@ -13,6 +13,7 @@ import os
 import torch
 
 from sdbench import ext
+from sdbench.errors import SdbenchError
 from sdbench.ops.workload import VerifyConfig
 
 try:
@@ -39,6 +40,23 @@ def cuda_ops():
 
 def cuda_probe(_device: torch.device) -> str | None:
     return ext.unavailable_reason()
+
+
+# --- devices -----------------------------------------------------------------------------------------------
+def validate_device(device: str | None) -> str:
+    """The one device check at the edge: None picks cuda when visible, else cpu; anything but a visible
+    cuda or cpu is one SdbenchError saying what to use."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise SdbenchError(f"--device: {device!r} is not a device; use cuda or cpu") from None
+    if parsed.type not in ("cuda", "cpu"):
+        raise SdbenchError(f"--device: {device!r} is not supported; use cuda or cpu")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise SdbenchError("--device cuda: no CUDA device is visible here; use --device cpu")
+    return str(parsed)
 
 
 # --- Triton --------------------------------------------------------------------------------------------

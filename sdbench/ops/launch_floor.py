@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from sdbench import ext
-from sdbench.measure.timing import describe_error
+from sdbench.errors import describe_error
 from sdbench.ops import backends
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from sdbench import thresholds as profiles
+from sdbench import thresholds
 from sdbench.cli import app
 from sdbench.commands import calibrate_tau as tau
 from sdbench.errors import SdbenchError
@@ -59,7 +59,7 @@ def test_interpolates_in_log_bytes_between_measured_points():
     xs = np.array([1e5, 1e6, 1e7])
     small = np.array([10.0, 10.0, 40.0])  # log ratio at 1e6: log(10/20); at 1e7: log(40/20)
     large = np.array([20.0, 20.0, 20.0])
-    tau_bytes, wrong = tau.best_threshold(xs, small, large)
+    tau_bytes, wrong = thresholds.best_threshold(xs, small, large)
     assert wrong == 0
     assert tau_bytes == pytest.approx(10 ** (6 + 0.5), rel=1e-9)  # |log 0.5| == |log 2|: halfway in log
 
@@ -80,7 +80,7 @@ def test_large_always_wins_says_no_crossover_tau_zero(tmp_path):
 def test_calibrate_writes_the_profile(tmp_path):
     result = tau.calibrate([_write(tmp_path, PLANTED)], profiles_dir=tmp_path / "profiles")
     assert result.path == tmp_path / "profiles" / "nvidia-h100-80gb-hbm3.toml"
-    written = profiles.read_profile(result.path)
+    written = thresholds.read_profile(result.path)
     assert written.gpu_name == "NVIDIA H100 80GB HBM3" and written.gpu_cc == "9.0" and written.gpu_sms == 132
     assert written.driver == "580.159" and written.tau_bytes == pytest.approx(result.fit.tau_bytes)
     assert (written.small_impl, written.large_impl) == (SMALL, LARGE)
@@ -137,43 +137,46 @@ PROFILE = Profile(gpu_name="NVIDIA H100 80GB HBM3", tau_bytes=3.7e6, gpu_cc="9.0
 
 
 def test_profile_toml_round_trip(tmp_path):
-    path = profiles.write_profile(PROFILE, tmp_path)
+    path = thresholds.write_profile(PROFILE, tmp_path)
     assert path.name == "nvidia-h100-80gb-hbm3.toml"
-    assert profiles.read_profile(path) == PROFILE
+    assert thresholds.read_profile(path) == PROFILE
 
 
 def test_fallback_parser_reads_what_we_write():
     """Python 3.10 has no tomllib: the flat parser must read every profile we write."""
-    data = profiles.parse_flat_toml(profiles.dumps(PROFILE))
+    data = thresholds.parse_flat_toml(thresholds.dumps(PROFILE))
     assert Profile(**data) == PROFILE
-    assert profiles.parse_flat_toml("tau_bytes = inf # comment\n")["tau_bytes"] == math.inf
+    assert thresholds.parse_flat_toml("tau_bytes = inf # comment\n")["tau_bytes"] == math.inf
 
 
 def test_infinite_tau_round_trips_and_reads_as_always_small(tmp_path):
     forever = Profile(gpu_name="NVIDIA H100 80GB HBM3", tau_bytes=math.inf, small_impl="fused")
-    assert profiles.read_profile(profiles.write_profile(forever, tmp_path)).tau_bytes == math.inf
+    assert thresholds.read_profile(thresholds.write_profile(forever, tmp_path)).tau_bytes == math.inf
     assert "always fused (no crossover in measured range; τ = ∞)" in forever.rule()
 
 
 def test_bad_profiles_are_one_line_errors(tmp_path):
     (tmp_path / "x.toml").write_text('gpu_name = "A"\ntau_bytes = 1.0\nsurprise = 1\n')
     with pytest.raises(SdbenchError, match="unknown keys surprise"):
-        profiles.read_profile(tmp_path / "x.toml")
+        thresholds.read_profile(tmp_path / "x.toml")
     (tmp_path / "x.toml").write_text('gpu_name = "A"\n')
     with pytest.raises(SdbenchError, match="missing 'tau_bytes'"):
-        profiles.read_profile(tmp_path / "x.toml")
+        thresholds.read_profile(tmp_path / "x.toml")
 
 
 def test_match_profile_by_name_then_cc_and_model():
     h100_pcie = Profile(gpu_name="NVIDIA H100 PCIe", gpu_cc="9.0", tau_bytes=1.0)
-    found = profiles.match_profile([PROFILE, h100_pcie], "NVIDIA H100 PCIe", "9.0")
+    found = thresholds.match_profile([PROFILE, h100_pcie], "NVIDIA H100 PCIe", "9.0")
     assert found is h100_pcie
-    assert profiles.match_profile([PROFILE], "NVIDIA H100 NVL", "9.0") is PROFILE  # same CC and model
-    assert profiles.match_profile([PROFILE], "NVIDIA H200", "9.0") is None
-    assert profiles.match_profile([PROFILE], "NVIDIA L40S", "8.9") is None
+    assert thresholds.match_profile([PROFILE], "NVIDIA H100 NVL", "9.0") is PROFILE  # same CC and model
+    assert thresholds.match_profile([PROFILE], "NVIDIA H200", "9.0") is None
+    assert thresholds.match_profile([PROFILE], "NVIDIA L40S", "8.9") is None
 
 
-def test_without_results_it_runs_the_mini_sweep_and_fits_that(tmp_path, monkeypatch):
+def test_without_results_the_cli_chains_the_mini_sweep_then_the_fit(tmp_path, monkeypatch):
+    """calibrate-tau reads results and never measures: the CLI runs the mini-sweep and hands the fit its folder."""
+    from sdbench.commands import sweep
+
     swept = tmp_path / "sweep" / "run-1"
 
     def fake_sweep(out_dir, small, large, device="cuda", progress=None):
@@ -181,6 +184,13 @@ def test_without_results_it_runs_the_mini_sweep_and_fits_that(tmp_path, monkeypa
         synthetic_results.write(swept / "part-0.parquet", synthetic_results.make_rows(PLANTED))
         return swept
 
-    monkeypatch.setattr(tau, "run_calibration_sweep", fake_sweep)
-    result = tau.calibrate([], sweep_out=tmp_path / "sweep", write=False)
-    assert result.swept == swept and result.fit.crossover
+    monkeypatch.setattr(sweep, "run_calibration_sweep", fake_sweep)
+    result = runner.invoke(app, ["calibrate-tau", "--sweep-out", str(tmp_path / "sweep"), "--small", SMALL,
+                                 "--large", LARGE, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert f"mini-sweep results: {swept}" in result.output.replace("\n", "")
+
+
+def test_calibrate_refuses_to_measure():
+    with pytest.raises(SdbenchError, match="no results given"):
+        tau.calibrate([], write=False)

@@ -178,6 +178,13 @@ def test_cuda_home_that_is_not_a_toolkit_warns(tmp_path):
     assert check.status == WARN and "not a CUDA toolkit" in check.detail
 
 
+def test_cuda_home_is_not_a_warning_on_a_machine_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(doctor, "is_toolkit", lambda path: False)  # as on a CI machine with no toolkit
+    facts = Facts(torch_version="2.13.0+cpu", impl_cpu=["torch_eager"], impl_total=6, env={})
+    check = doctor.check_cuda_home(facts)
+    assert check.status == PASS and "only needed" in check.detail
+
+
 def test_no_gpu_is_a_warning_that_names_the_cpu_only_commands():
     facts = Facts(torch_version="2.13.0+cpu", impl_cpu=["torch_eager"], impl_total=6)
     check = doctor.check_cuda(facts)

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tests.measure.test_tools import NCU_DETAILS, NSYS_KERN_SUM
 from typer.testing import CliRunner
 
 from sdbench.cli import app
@@ -18,6 +17,7 @@ from sdbench.commands.profile import ImplProfile, KernelTime, ProfileReport, Pro
 from sdbench.errors import SdbenchError
 from sdbench.measure import tools
 from sdbench.ops.workload import VerifyConfig
+from tests.measure.test_tools import NCU_DETAILS, NSYS_KERN_SUM
 
 runner = CliRunner()
 CONFIG = VerifyConfig(batch_size=32, gamma=128, alpha=0.9)

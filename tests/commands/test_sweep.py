@@ -29,7 +29,7 @@ def _keys(folder):
 # --- grids -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("preset", "size", "op"), [
     ("main", 36, "verify"), ("gamma-sensitivity", 12, "verify"), ("fused", 32, "verify_pack"), ("quick", 8, "verify"),
-    ("scale", 40, "verify"),
+    ("scale", 40, "verify"), ("scale-kv", 256, "verify_pack"),
 ])
 def test_presets(preset, size, op):
     spec = sweep.build_spec(preset)
@@ -185,7 +185,7 @@ def test_prob_verify_grid_sweeps_vocab_and_prob_dtype():
     assert {(c.vocab_size, c.prob_dtype) for c in configs} == {
         (32000, "float32"), (32000, "bfloat16"), (128256, "float32"), (128256, "bfloat16"),
     }
-    assert sweep.config_columns("prob_verify", "cuda", configs[1])["kv_dtype"] == configs[1].prob_dtype
+    assert sweep.config_columns("prob_verify", "cuda", configs[1], sweep.timing.TimingOptions())["kv_dtype"] == configs[1].prob_dtype
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -259,8 +259,8 @@ def test_cli_quick_sweep_on_cpu_writes_parquet_and_a_summary(tmp_path):
     assert {row["run_id"] for row in rows} == {"ci"}
     assert len({results.config_key(row) for row in rows}) == 8
 
-    again = _invoke("--preset", "quick", "--device", "cpu", "--iters", "2", "--out", str(out), "--resume",
-                    "--impl", "torch_eager")
+    again = _invoke("--preset", "quick", "--device", "cpu", "--warmup", "0", "--iters", "2", "--out", str(out),
+                    "--resume", "--impl", "torch_eager")
     assert again.exit_code == 0 and "8 already present" in " ".join(again.output.split())
     assert len(results.read_rows(out)) == len(rows)
 
@@ -308,3 +308,107 @@ def test_trace_distribution_sweeps_on_cpu(tmp_path):
                                       "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
     assert list((tmp_path / "r").glob("part-*trace*.parquet"))
+
+
+# --- the one config key: a changed measurement setting is a different config ----------------------
+RESUME_BASE = dict(op="verify", impls=["torch_eager"], batch_sizes=[2], gammas=[4], alphas=[0.5], device="cpu",
+                   warmup=0, iters=2, resume=True)
+
+
+@pytest.mark.parametrize("change", [
+    {"dist": "fixed", "fixed_length": 3},
+    {"cold_l2": True},
+    {"iters": 3},
+    {"dist": "trace"},
+], ids=["fixed-length", "cold-l2", "iters", "trace-content"])
+def test_resume_remeasures_when_a_setting_changes(tmp_path, change):
+    trace = tmp_path / "trace.txt"
+    trace.write_text("1 2 3")
+    first = dict(RESUME_BASE, **({"dist": "fixed", "fixed_length": 2} if "fixed_length" in change else {}))
+    if change.get("dist") == "trace":
+        first = dict(RESUME_BASE, dist="trace", trace_path=str(trace))
+    out = tmp_path / "out"
+    sweep.run_sweep(sweep.build_spec(out_dir=out, **first))
+    same = sweep.run_sweep(sweep.build_spec(out_dir=out, **first))
+    assert (same.measured, same.skipped) == (0, 1)  # resume skips what is already there
+    if change.get("dist") == "trace":
+        trace.write_text("0 0 4")  # same file name, new content: a different workload
+        second = first
+    else:
+        second = dict(first, **change)
+    again = sweep.run_sweep(sweep.build_spec(out_dir=out, **second))
+    assert (again.measured, again.skipped) == (1, 0)
+    assert len({results.config_key(row) for row in results.read_rows(out)}) == 2
+
+
+def test_rows_record_their_median_noise_and_the_noisy_flag(tmp_path):
+    spec = sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[2], gammas=[4], alphas=[0.5],
+                            device="cpu", warmup=0, iters=20, max_noise=0.5, out_dir=tmp_path)
+    sweep.run_sweep(spec)
+    (row,) = [r for r in results.read_rows(tmp_path) if r["impl"] == "torch_eager"]
+    assert row["noise"] is not None and row["noise"] >= 0
+    assert row["noisy"] == (row["noise"] > 0.5)
+    assert "max_noise=0.5" in row["settings"]
+
+
+def test_a_meaningless_noise_budget_is_refused():
+    with pytest.raises(SdbenchError, match="--max-noise"):
+        sweep.validate(sweep.build_spec(device="cpu", max_noise=0.0))
+
+
+def test_concurrent_sweeps_into_one_folder_never_measure_a_config_twice(tmp_path):
+    """Two sweeps (threads here; processes behave the same: the claim is an O_EXCL file) over one grid."""
+    import threading
+
+    spec = sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[1, 2, 3], gammas=[4, 8], alphas=[0.5],
+                            device="cpu", warmup=0, iters=3, resume=True, out_dir=tmp_path)
+    summaries = []
+    threads = [threading.Thread(target=lambda: summaries.append(sweep.run_sweep(spec))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    keys = [results.config_key(row) for row in results.read_rows(tmp_path) if row["impl"] == "torch_eager"]
+    assert len(keys) == len(set(keys)) == 6  # every config once
+    assert sum(s.measured for s in summaries) == 6
+    assert not list(tmp_path.glob(".claim-*"))  # claims released
+
+
+def test_a_claimed_config_is_skipped(tmp_path):
+    spec = sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[2], gammas=[4], alphas=[0.5],
+                            device="cpu", warmup=0, iters=3, out_dir=tmp_path)
+    (cfg,) = sweep.grid(spec)
+    options = sweep.timing.TimingOptions(warmup=0, iters=3, max_time_s=spec.max_time)
+    key_values = {**sweep.config_columns("verify", "cpu", cfg, options),
+                  "gpu_name": sweep.envinfo.collect("cpu").get("gpu_name")}
+    with results.config_claim(tmp_path, key_values) as claimed:
+        assert claimed
+        summary = sweep.run_sweep(spec)  # another sweep while this one holds the claim
+        assert (summary.measured, summary.skipped) == (0, 1)
+
+
+def test_a_killed_sweeps_claim_is_taken_over(tmp_path):
+    """A claim whose owner (this host, a pid that no longer runs) died is stale: a resume measures the config."""
+    import socket
+    import subprocess
+    import sys
+
+    spec = sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[2], gammas=[4], alphas=[0.5],
+                            device="cpu", warmup=0, iters=3, out_dir=tmp_path, resume=True)
+    (cfg,) = sweep.grid(spec)
+    options = sweep.timing.TimingOptions(warmup=0, iters=3, max_time_s=spec.max_time)
+    key_values = {**sweep.config_columns("verify", "cpu", cfg, options),
+                  "gpu_name": sweep.envinfo.collect("cpu").get("gpu_name")}
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with results.config_claim(tmp_path, key_values) as claimed:  # find the lock's name, then plant a dead owner
+        assert claimed
+        (lock,) = tmp_path.glob(".claim-*")
+    lock.write_text(f"{socket.gethostname()} {dead.pid}\n")
+    summary = sweep.run_sweep(spec)
+    assert (summary.measured, summary.skipped) == (1, 0)
+    lock.write_text(f"another-host {dead.pid}\n")  # an owner this host cannot check: honoured
+    again = sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[2], gammas=[4], alphas=[0.5],
+                             device="cpu", warmup=0, iters=3, out_dir=tmp_path, resume=False)
+    assert (sweep.run_sweep(again).measured, lock.exists()) == (0, True)
+

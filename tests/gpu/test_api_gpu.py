@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import sdbench
-from sdbench import api, dispatch
-from sdbench import thresholds as profiles
+from sdbench import api, dispatch, thresholds
 from sdbench.errors import SdbenchError
 from sdbench.ops.pack import reference as pack_reference
 from sdbench.ops.verify import reference as verify_reference
@@ -97,9 +96,9 @@ def test_device_mismatch_is_a_clear_error():
 def sync_free_profile(tmp_path, monkeypatch):
     """A profile for this GPU whose two sides are both sync-free: τ = 1 MB between fused_single_block and
     ballot+pack_cuda (ballot+pack_torch would sync by design: draft_kv[mask] has a data-dependent shape)."""
-    monkeypatch.setenv(profiles.PROFILES_ENV, str(tmp_path))
+    monkeypatch.setenv(thresholds.PROFILES_ENV, str(tmp_path))
     major, minor = torch.cuda.get_device_capability()
-    profiles.write_profile(Profile(gpu_name=torch.cuda.get_device_name(), gpu_cc=f"{major}.{minor}", tau_bytes=1e6,
+    thresholds.write_profile(Profile(gpu_name=torch.cuda.get_device_name(), gpu_cc=f"{major}.{minor}", tau_bytes=1e6,
                                    small_impl="fused_single_block", large_impl="ballot+pack_cuda"), tmp_path)
     dispatch.reset()
     yield

@@ -7,6 +7,7 @@ Tolerance: none. Every output is an integer, a bool or a bit copy of the KV, so 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import shutil
@@ -46,6 +47,7 @@ def _cfg(index: int, batch: int, gamma: int, alpha: float, kv_dim: int = 0, **ex
 def _verify_cases() -> list[VerifyConfig]:
     grid = itertools.product((1, 5, 32, 33, 4096), (1, 31, 32, 33, 128, 1024), (0.0, 0.6, 1.0))
     cases = [_cfg(i, b, g, a) for i, (b, g, a) in enumerate(grid)]
+    cases += [_cfg(0, 65537, 8, 0.6), _cfg(1, 65537, 1, 1.0), _cfg(2, 70000, 33, 0.9)]  # more blocks than 65,535
     # each point also in the other token dtype
     return cases + [c.replace(token_dtype="int32" if c.token_dtype == "int64" else "int64") for c in cases]
 
@@ -111,7 +113,7 @@ def test_fused_single_block_refuses_more_than_32_sequences():
     from sdbench.ops.pack.cuda_impls import pack_outputs
     from sdbench.ops.verify.cuda_impls import verify_outputs
 
-    buffers = {**verify_outputs(w), **pack_outputs(w)}
+    buffers = {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
     with pytest.raises(RuntimeError, match="B <= 32"):
         cuda_ops().fused_single_block(w.draft_tokens, w.target_tokens, w.draft_kv, *buffers.values())
 
@@ -197,9 +199,47 @@ def test_graph_replay_on_fresh_inputs(case):
     assert parity.compare(parity.expected_outputs(op, fresh), run.outputs) is None
 
 
+# --- bad lengths and misaligned base pointers ---------------------------------------------------------
+@pytest.mark.parametrize("batch", [5, 4100], ids=["replicated", "cooperative"])
+def test_pack_clamps_and_flags_lengths_outside_0_gamma(batch):
+    """Lengths above γ and below 0 are clamped and flagged (sdbench.ops.input_contract), by the
+    replicated and the cooperative driver alike, exactly as the reference does."""
+    workload = make_workload("pack", VerifyConfig(batch, 4, 0.6, kv_dim=8, seed=5), "cuda")
+    bad = torch.tensor([9, -3, 4, 0, 5], device="cuda")
+    workload.accepted_lengths[: bad.numel()] = bad
+    for impl in _impls("pack"):
+        assert parity.check(impl, workload) is None, impl.name
+    flags = parity.expected_outputs("pack", workload)["error_flags"]
+    assert flags[:5].tolist() == [2, 2, 0, 0, 2]
+
+
+@pytest.mark.parametrize("op", ["pack", "verify_pack"])
+def test_misaligned_base_pointers(op):
+    """draft_kv starting 2 bytes past a 16-byte boundary: the kernels take the unaligned copy path."""
+    cfg = VerifyConfig(33, 8, 0.7, kv_dim=8, seed=6)
+    workload = make_workload(op, cfg, "cuda")
+    storage = torch.empty(workload.draft_kv.numel() + 1, dtype=workload.draft_kv.dtype, device="cuda")
+    shifted = storage[1:].view(workload.draft_kv.shape)
+    shifted.copy_(workload.draft_kv)
+    assert shifted.data_ptr() % 16 != 0
+    workload = dataclasses.replace(workload, draft_kv=shifted)
+    assert _check_all_on(op, workload) == {}
+
+
+def _check_all_on(op: str, workload) -> dict[str, str]:
+    failures = {}
+    for impl in _impls(op):
+        if impl.unavailable_reason("cuda", workload.config) is None:
+            failure = parity.check(impl, workload)
+            if failure is not None:
+                failures[impl.name] = failure
+    return failures
+
+
 # --- compute-sanitizer -----------------------------------------------------------------------------
 SANITIZER_SCRIPT = """
 import sys
+import torch
 from sdbench import parity, registry
 from sdbench.ops import make_workload
 from sdbench.ops.workload import VerifyConfig
@@ -214,12 +254,23 @@ cases = [
     ("verify_pack", "fused", VerifyConfig(33, 1024, 0.9, kv_dim=3)),
     ("verify_pack", "ballot+pack_torch", VerifyConfig(5, 33, 0.6, kv_dim=8)),
     ("verify_pack", "ballot+pack_cuda", VerifyConfig(5, 33, 0.6, kv_dim=120)),
+    ("prob_verify", "fused", VerifyConfig(3, 4, 0.6, vocab_size=1000)),
+    ("prob_verify", "flashspec", VerifyConfig(3, 4, 0.6, vocab_size=1000)),
+    ("prob_verify", "serial_sampler", VerifyConfig(3, 4, 0.6, vocab_size=1000)),
 ]
 failed = 0
 for op, name, cfg in cases:
-    failure = parity.check(registry.get(op, name), make_workload(op, cfg, "cuda"))
-    print(op, name, "ok" if failure is None else failure, flush=True)
-    failed += failure is not None
+    for bad in (False, True):  # bad: lengths outside [0, γ] (pack) or tokens outside [0, V) (prob_verify)
+        workload = make_workload(op, cfg, "cuda")
+        if bad and op == "pack":
+            workload.accepted_lengths[:2] = torch.tensor([cfg.gamma + 7, -2], device="cuda")
+        elif bad and op == "prob_verify":
+            workload.draft_tokens[0, 1], workload.draft_tokens[1, 0] = cfg.vocab_size + 3, -3
+        elif bad:
+            continue
+        failure = parity.check(registry.get(op, name), workload)
+        print(op, name, "bad input" if bad else "", "ok" if failure is None else failure, flush=True)
+        failed += failure is not None
 sys.exit(1 if failed else 0)
 """
 
@@ -246,8 +297,9 @@ def _run_sanitizer(tool: str, extra: list[str]) -> subprocess.CompletedProcess:
 # memcheck watches every kernel (torch's poisoning and comparisons too); racecheck only sdbench's,
 # whose shared-memory scans are the ones in question.
 @pytest.mark.slow
-@pytest.mark.parametrize("tool, extra", [("memcheck", []), ("racecheck", ["--kernel-name", "kns=sdbench"])],
-                         ids=["memcheck", "racecheck"])
+@pytest.mark.parametrize("tool, extra", [("memcheck", []), ("racecheck", ["--kernel-name", "kns=sdbench"]),
+                                         ("initcheck", []), ("synccheck", [])],
+                         ids=["memcheck", "racecheck", "initcheck", "synccheck"])
 def test_compute_sanitizer_clean(tool, extra):
     if _sanitizer() is None:
         pytest.skip("compute-sanitizer not found")

@@ -8,6 +8,7 @@ supplied randomness; accept_probs within 1e-5 (float32 inputs) / 1e-3 (bfloat16 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from sdbench.ops.workload import VerifyConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops" / "prob_verify"))  # the χ² helpers live with the CPU exactness test
 from test_prob_exactness import (  # noqa: E402
     SIGNIFICANCE,
+    _pairs_of_sequences,
+    _residual_draws_of_two_calls,
     exactness_pvalues,
     fixed_distributions,
     make_rounds,
@@ -68,15 +71,35 @@ def test_every_implementation_matches_the_reference(cfg):
     assert not failures, failures
 
 
-def test_flashinfer_chain_refuses_supplied_randomness_or_is_unavailable():
-    impl = registry.get("prob_verify", "flashinfer_chain")
+@pytest.mark.parametrize("name", ["flashinfer_chain", "flashinfer_chain+adapter"])
+def test_flashinfer_chain_refuses_supplied_randomness(name):
+    impl = registry.get("prob_verify", name)
     reason = impl.unavailable_reason(DEVICE)
     if reason is not None:
-        assert "flashinfer" in reason
-        return
+        assert "flashinfer" in reason.lower()
+        pytest.skip(reason)
     workload = make_prob_workload(VerifyConfig(4, 4, vocab_size=1000), DEVICE)
     with pytest.raises(Exception, match="supplied"):
         impl.prepare(workload)
+
+
+def test_flashinfer_engine_call_advances_and_agrees_with_its_adapter():
+    """The engine call: int32 outputs, counters zeroed every call (not accumulated), fresh draws per
+    call; the adapter row gives the same tokens from the same seed and offset in sdbench's dtypes."""
+    engine, adapter = registry.get("prob_verify", "flashinfer_chain"), registry.get("prob_verify", "flashinfer_chain+adapter")
+    reason = engine.unavailable_reason(DEVICE)
+    if reason is not None:
+        pytest.skip(reason)
+    workload = make_prob_workload(VerifyConfig(16, 4, 0.6, vocab_size=4000, seed=31), DEVICE).with_randomness("fast", offset=2)
+    run = engine.prepare(workload)
+    first = {key: value.clone() for key, value in run().items()}
+    second = {key: value.clone() for key, value in run().items()}
+    assert first["output_tokens"].dtype == torch.int32
+    assert bool((first["accepted_lengths"] <= 4).all()) and bool((second["accepted_lengths"] <= 4).all())
+    assert not torch.equal(first["output_tokens"], second["output_tokens"])
+    adapted = adapter.prepare(workload)()
+    assert torch.equal(adapted["output_tokens"].cpu(), first["output_tokens"].long().cpu())
+    assert torch.equal(adapted["accepted_lengths"].cpu(), first["accepted_lengths"].long().cpu())
 
 
 def test_fused_plan_fills_the_machine_at_batch_32():
@@ -105,6 +128,7 @@ def _fused_with_plan(workload, plan):
         "accepted_lengths": torch.empty(batch, dtype=torch.int64, device=DEVICE),
         "next_tokens": torch.empty(batch, dtype=workload.draft_tokens.dtype, device=DEVICE),
         "output_tokens": torch.empty((batch, gamma + 1), dtype=workload.draft_tokens.dtype, device=DEVICE),
+        "error_flags": torch.empty(batch, dtype=torch.int32, device=DEVICE),
     }
     best = torch.zeros(batch, dtype=torch.int64, device=DEVICE)
     arrivals = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
@@ -225,6 +249,21 @@ def test_graph_replay_matches_eager(name, randomness):
     with torch.cuda.graph(graph):
         captured = run()
     parity.poison(captured)
+    if randomness == "fast":  # every replay advances the device-side offset: fresh draws, reproducible
+        previous = None
+        for _ in range(3):
+            start = int(run.philox_offsets[0])
+            graph.replay()
+            torch.cuda.synchronize()
+            replayed = {key: value.clone() for key, value in captured.items()}
+            fresh = _snapshot(registry.get("prob_verify", name).prepare(workload.with_randomness("fast", offset=start)))
+            for key, value in fresh.items():
+                assert torch.equal(replayed[key], value), (key, start)
+            assert int(run.philox_offsets[0]) == start + 1
+            if previous is not None:
+                assert not torch.equal(previous["output_tokens"], replayed["output_tokens"])
+            previous = replayed
+        return
     for _ in range(3):  # replays start from the scratch the previous one left: it must be clean
         graph.replay()
         torch.cuda.synchronize()
@@ -244,10 +283,16 @@ def test_fast_mode_is_deterministic_and_shared_by_fused_and_flashspec():
     fast = base.with_randomness("fast", offset=11)
     fused, flashspec = registry.get("prob_verify", "fused"), registry.get("prob_verify", "flashspec")
     first = _snapshot(fused.prepare(fast))
-    run = fused.prepare(fast)
-    for _ in range(3):
-        again = _snapshot(run)
-        assert all(torch.equal(first[key], again[key]) for key in first)
+    run, seed_run = fused.prepare(fast), flashspec.prepare(fast)
+    calls = []
+    for call in range(3):  # call j of a run = the first call of a run prepared at offset 11 + j
+        again, seed_again = _snapshot(run), _snapshot(seed_run)
+        at_offset = _snapshot(fused.prepare(base.with_randomness("fast", offset=11 + call)))
+        assert all(torch.equal(at_offset[key], again[key]) for key in first), call
+        assert all(torch.equal(again[key], seed_again[key]) for key in first), call
+        calls.append(again["output_tokens"])
+    assert all(torch.equal(first[key], _snapshot(fused.prepare(fast))[key]) for key in first)
+    assert not torch.equal(calls[0], calls[1]) and not torch.equal(calls[1], calls[2])
     seed_design = _snapshot(flashspec.prepare(fast))
     assert all(torch.equal(first[key], seed_design[key]) for key in first)
     other_offset = _snapshot(fused.prepare(base.with_randomness("fast", offset=12)))
@@ -262,7 +307,7 @@ def rounds():
 
 
 @pytest.mark.parametrize("name,randomness", [("fused", "supplied"), ("fused", "fast"), ("flashspec", "fast"),
-                                             ("serial_sampler", "fast"), ("flashinfer_chain", "fast")])
+                                             ("serial_sampler", "fast"), ("flashinfer_chain+adapter", "fast")])
 def test_kernels_are_exact_in_distribution(rounds, name, randomness):
     impl = registry.get("prob_verify", name)
     reason = impl.unavailable_reason(DEVICE, rounds.config)
@@ -295,6 +340,7 @@ def test_fused_split_sweep_is_exact_in_distribution(randomness):
         "accepted_lengths": torch.empty(rounds_count, dtype=torch.int64, device=DEVICE),
         "next_tokens": torch.empty(rounds_count, dtype=torch.int64, device=DEVICE),
         "output_tokens": torch.empty((rounds_count, 2), dtype=torch.int64, device=DEVICE),
+        "error_flags": torch.empty(rounds_count, dtype=torch.int32, device=DEVICE),
     }
     best = torch.zeros(rounds_count, dtype=torch.int64, device=DEVICE)
     arrivals = torch.zeros(rounds_count, dtype=torch.int32, device=DEVICE)
@@ -309,3 +355,52 @@ def test_fused_split_sweep_is_exact_in_distribution(randomness):
         assert parity.compare(expected, outputs) is None
     pvalues = exactness_pvalues(outputs, p, q)
     assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+
+
+
+# --- the input contract on the GPU, γ > 16, independence of fast draws -----------------------------
+def _on_device(workload):
+    names = ("draft_tokens", "target_probs", "draft_probs", "uniforms", "exponential_noise")
+    return dataclasses.replace(workload, **{name: getattr(workload, name).to(DEVICE) for name in names})
+
+
+@pytest.mark.parametrize("name", ["fused", "flashspec", "serial_sampler", "torch_eager"])
+@pytest.mark.parametrize("case", ["bad_tokens_int64", "bad_tokens_int32", "degenerate_rows"])
+def test_bad_input_follows_the_input_contract(name, case):
+    """Tokens outside [0, V) are rejected and flagged, never read; degenerate rows give the
+    reference's token (tests/ops/prob_verify/test_prob_triton.py builds both workloads)."""
+    from test_prob_triton import bad_token_workload, degenerate_rows_workload
+
+    workload = degenerate_rows_workload() if case == "degenerate_rows" else bad_token_workload(case.rsplit("_", 1)[1])
+    assert parity.check(registry.get("prob_verify", name), _on_device(workload)) is None
+
+
+@pytest.mark.parametrize("name", ["fused", "flashspec"])
+def test_bad_input_in_fast_mode_stays_in_range(name):
+    from test_prob_triton import bad_token_workload, degenerate_rows_workload
+
+    for workload in (bad_token_workload("int64"), degenerate_rows_workload()):
+        outputs = _snapshot(registry.get("prob_verify", name).prepare(_on_device(workload).with_randomness("fast")))
+        vocab = workload.config.vocab_size
+        assert bool(((outputs["next_tokens"] >= 0) & (outputs["next_tokens"] < vocab)).all()), outputs
+        assert torch.equal(outputs["error_flags"].cpu(), reference.draft_token_errors(workload.draft_tokens, vocab))
+
+
+@pytest.mark.parametrize("gamma", [17, 32, 64])
+def test_long_drafts_match_the_reference(gamma):
+    cfg = VerifyConfig(8, gamma, 0.95, vocab_size=32000, seed=gamma)
+    workload = make_prob_workload(cfg, DEVICE)
+    for name in ("fused", "flashspec", "serial_sampler"):
+        assert parity.check(registry.get("prob_verify", name), workload) is None, name
+
+
+@pytest.mark.parametrize("name", ["fused", "flashspec"])
+def test_fast_draws_are_independent_across_sequences_and_calls(rounds, name):
+    """10^5 sequences: pairs of sequences of one batch, and two consecutive calls of one prepared run
+    (the device-side offset advanced between them), pass the χ² independence checks."""
+    p, q = stored_distributions(rounds)
+    run = registry.get("prob_verify", name).prepare(rounds.with_randomness("fast", offset=7))
+    first, second = _snapshot(run), _snapshot(run)
+    assert _pairs_of_sequences(first, p) > SIGNIFICANCE
+    assert _residual_draws_of_two_calls(first, second, p, q) > SIGNIFICANCE
+    assert min(exactness_pvalues(second, p, q).values()) > SIGNIFICANCE

@@ -15,19 +15,22 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "results-schema.md"
 
 def _config(**changes):
     values = {"op": "verify", "device": "cpu", "batch_size": 32, "gamma": 8, "alpha": 0.3, "kv_dim": 0,
-              "vocab_size": 32000, "dist": "binomial", "token_dtype": "int64", "kv_dtype": "float16", "seed": 0}
+              "vocab_size": 32000, "dist": "binomial", "fixed_length": None, "trace_sha256": None, "token_dtype": "int64",
+              "kv_dtype": "float16", "seed": 0, "cold_l2": False, "settings": "warmup=20 iters=3 gpu_iters=50",
+              "gpu_name": "NVIDIA H100 80GB HBM3"}
     return {**values, **changes}
 
 
 def _ok_row(**changes):
     row = {
-        **_config(), "run_id": "r1", "timestamp": "2026-11-22T10:00:00+00:00", "gpu_name": "NVIDIA H100 80GB HBM3",
+        **_config(), "run_id": "r1", "timestamp": "2026-11-22T10:00:00+00:00",
         "gpu_cc": "9.0", "gpu_sms": 132, "gpu_memory_gb": 85.0, "driver": "580.159", "cuda_version": "13.0",
         "torch_version": "2.11.0", "triton_version": "3.6.0", "sdbench_version": "0.1.0", "git_sha": "abc",
         "hostname": "h100", "python_version": "3.12.3", "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
         "mean_accepted_length": 2.4, "accepted_kv_bytes": 0, "impl": "ballot", "backend": "cuda", "is_peer": False,
-        "syncs": False, "view": "wall", "status": "ok", "reason": None, "warmup": 20, "iters": 3, "cold_l2": False,
+        "syncs": False, "view": "wall", "status": "ok", "reason": None, "warmup": 20, "iters": 3,
         "median_us": 2.0, "p95_us": 2.9, "min_us": 1.0, "mean_us": 2.0, "std_us": 1.0, "samples_us": [1.0, 2.0, 3.0],
+        "noise": None, "noisy": True,
         "launch_floor_us": 18.5, "bytes_moved": None, "achieved_gbps": None,
     }
     return {**row, **changes}
@@ -62,7 +65,7 @@ def test_rows_round_trip(tmp_path):
 def test_missing_nullable_columns_become_null():
     table = results.to_table([{"impl": "x", "view": "cpu", "status": "unavailable", "reason": "no CUDA"}])
     row = table.to_pylist()[0]
-    assert row["median_us"] is None and row["samples_us"] == [] and row["schema_version"] == 1
+    assert row["median_us"] is None and row["samples_us"] == [] and row["schema_version"] == results.SCHEMA_VERSION
 
 
 @pytest.mark.parametrize("bad", [{"median_ms": 1.0}, {"status": "passed"}, {"view": "host"}])
@@ -93,9 +96,9 @@ def test_readers_ignore_temporaries(tmp_path):
 
 def test_unknown_schema_version_is_refused(tmp_path):
     table = results.to_table([_ok_row()])
-    table = table.set_column(0, "schema_version", pa.array([2], pa.int32()))
+    table = table.set_column(0, "schema_version", pa.array([99], pa.int32()))
     pq.write_table(table, tmp_path / "part-future.parquet")
-    with pytest.raises(SdbenchError, match="schema version 2"):
+    with pytest.raises(SdbenchError, match="schema version 99"):
         results.read_results(tmp_path)
 
 
@@ -115,6 +118,17 @@ def test_done_configs_are_the_written_keys(tmp_path):
 
 def test_part_names_are_readable_and_distinct():
     first = results.part_name("r1", _config())
-    assert first == "part-r1-verify-cpu-b32-g8-a0.3-kv0-v32000-binomial-int64-float16-s0.parquet"
+    assert re.fullmatch(r"part-r1-verify-cpu-b32-g8-a0.3-kv0-v32000-binomial-int64-float16-s0-[0-9a-f]{8}\.parquet", first)
     assert results.part_name("r1", _config(alpha=0.6)) != first
+    assert results.part_name("r1", _config(cold_l2=True)) != first  # the hash covers the whole config key
     assert results.part_name("r/2 x", _config()).startswith("part-r_2_x-")
+
+
+def test_version_1_files_read_with_the_new_columns_null(tmp_path):
+    """Committed results predate fixed_length / trace_sha256: they still read, with those columns null."""
+    table = results.to_table([_ok_row(settings=None)]).drop_columns(["fixed_length", "trace_sha256", "settings"])
+    table = table.set_column(0, "schema_version", pa.array([1], pa.int32()))
+    pq.write_table(table, tmp_path / "part-old.parquet")
+    (row,) = results.read_rows(tmp_path)
+    assert row["fixed_length"] is None and row["trace_sha256"] is None and row["schema_version"] == 1
+    assert results.done_configs(tmp_path) == {results.config_key(_config(settings=None))}

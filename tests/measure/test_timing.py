@@ -174,3 +174,35 @@ def test_gpu_view_runs_a_silent_profiler_session_again(monkeypatch):
     monkeypatch.setattr(timing, "_profile_session", lambda *a: (sessions.append(1), ({}, 0, 2))[1])
     result = timing._measure_gpu({"k": lambda: None}, "cuda", timing.TimingOptions(iters=2, gpu_iters=2), None)
     assert len(sessions) == timing.CUPTI_ATTEMPTS and result["k"].status == "unavailable"
+
+
+
+# --- noise-aware sampling: the criterion on synthetic samples -----------------------------------------
+def test_median_noise_is_the_order_statistic_standard_error():
+    rng = np.random.default_rng(0)
+    tight = list(20.0 + rng.normal(0, 0.05, 400))  # ±0.25% spread: SE of the median far under 1%
+    loose = list(20.0 * rng.lognormal(0, 0.5, 400))  # a heavy right tail, as launch times have
+    assert timing.median_noise(tight) < 0.001
+    assert timing.median_noise(loose) > 0.01
+    assert timing.median_noise([5.0] * 50) == 0.0
+    assert timing.median_noise([1.0, 2.0, 3.0]) is None  # too few samples to say
+
+
+def test_more_samples_shrink_the_noise_like_one_over_root_n():
+    rng = np.random.default_rng(1)
+    samples = list(20.0 * rng.lognormal(0, 0.3, 6400))
+    few, many = timing.median_noise(samples[:100]), timing.median_noise(samples)
+    assert 4.0 < few / many < 12.0  # 64× the samples: ~8× less noise
+
+
+def test_noisy_means_above_the_threshold_or_unknown():
+    assert timing.is_noisy([1.0, 2.0], 0.5)
+    assert not timing.is_noisy([5.0] * 20, 0.01)
+    assert timing.is_noisy(list(np.linspace(1.0, 100.0, 40)), 0.01)
+
+
+def test_options_refuse_a_meaningless_noise_budget():
+    with pytest.raises(ValueError):
+        timing.TimingOptions(max_noise=0.0)
+    with pytest.raises(ValueError):
+        timing.TimingOptions(max_time_s=-1.0)

@@ -72,3 +72,16 @@ def test_pack_matches_python_loop(batch, gamma, kv_dim, data):
         offsets.append(running)
         running += k
     assert out["packed_offsets"].tolist() == offsets
+
+
+def test_pack_clamps_lengths_outside_0_gamma_and_flags_them():
+    # the case: lengths [1, 9, 0] with γ = 4 gave offsets [0, 1, 10]; and a negative length
+    kv = torch.arange(3 * 4 * 2, dtype=torch.float16).reshape(3, 4, 2)
+    out = pack_reference.pack(kv, torch.tensor([1, 9, 0]))
+    assert out["packed_offsets"].tolist() == [0, 1, 5]
+    assert torch.equal(out["packed_kv"], torch.cat([kv[0, :1], kv[1, :4]]))
+    assert out["error_flags"].tolist() == [0, 2, 0]
+    out = pack_reference.pack(kv, torch.tensor([2, -3, 4]))
+    assert out["packed_offsets"].tolist() == [0, 2, 2]
+    assert torch.equal(out["packed_kv"], torch.cat([kv[0, :2], kv[2, :4]]))
+    assert out["error_flags"].tolist() == [0, 2, 0]

@@ -3,7 +3,7 @@
 Reading: files and folders are resolved and checked with pyarrow (cheap: schema and one column), then
 scanned lazily with polars, filtered by `--where`, and aggregated to one median per
 (config, implementation, view). polars is imported only here, so `import sdbench` works without it
-(the GPU host has none). `read_rows` is the pyarrow-only path calibrate-tau uses.
+(the GPU host has none); sdbench.measure.results holds the one pyarrow reader calibrate-tau uses.
 
 Every table is a `ReportTable`, rendered three ways (rich, markdown, HTML). Tables show only what the
 data holds and say what is missing (a CPU run has `cpu` views and torch implementations only).
@@ -21,17 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from sdbench.errors import SdbenchError, closest
-from sdbench.measure.results import SCHEMA_VERSION
+from sdbench.measure import results
 from sdbench.thresholds import format_bytes
 
-KNOWN_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
-REQUIRED_COLUMNS = (
-    "schema_version", "run_id", "gpu_name", "device", "op", "batch_size", "gamma", "alpha", "kv_dim", "impl",
-    "is_peer", "view", "status", "median_us", "samples_us", "launch_floor_us", "accepted_kv_bytes",
-)
-# A config is everything that changes the work; rows of the same config from several runs pool.
-CONFIG_KEYS = ("op", "batch_size", "gamma", "alpha", "kv_dim", "dist", "token_dtype", "kv_dtype", "vocab_size",
-               "cold_l2", "device", "gpu_name")
+# A cell is one config (results' one config key) on one machine; rows of it from several runs pool.
+CONFIG_KEYS = results.CONFIG_COLUMNS + results.MACHINE_COLUMNS
 VIEWS = ("wall", "graph", "gpu", "cpu")
 PRIMARY_VIEW_ORDER = ("wall", "cpu", "graph", "gpu")  # what a user waits for, first
 OP_ORDER = ("verify", "pack", "verify_pack", "prob_verify")
@@ -49,70 +43,16 @@ def require_polars():
 
 
 # --- files ---------------------------------------------------------------------------------------
-def resolve_files(paths: list[str | Path]) -> list[Path]:
-    """Parquet files named, or found directly in named folders, in a stable order."""
-    if not paths:
-        raise SdbenchError("no results given: name parquet files or folders written by `sdbench sweep`")
-    files: list[Path] = []
-    for given in paths:
-        path = Path(given)
-        if path.is_dir():  # a folder's own parts, not its subfolders' (docs/results-schema.md)
-            found = sorted(path.glob("*.parquet"))
-            if not found:
-                nested = sorted({str(part.parent) for part in path.rglob("*.parquet")})
-                hint = f"; its subfolders do: name them ({', '.join(nested[:3])}{', ...' if len(nested) > 3 else ''})" if nested else (
-                    " (is it a `sdbench sweep --out` folder?)")
-                raise SdbenchError(f"folder {str(path)!r} holds no .parquet files{hint}")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise SdbenchError(f"no such file or folder: {str(path)!r}")
-    return list(dict.fromkeys(files))
-
-
-def check_file(path: Path) -> None:
-    """Refuse what is not sdbench results of a known schema version, in one line."""
-    import pyarrow.parquet as pq
-
-    try:
-        names = pq.read_schema(path).names
-    except Exception:  # pyarrow raises several types for "not parquet"
-        raise SdbenchError(f"{str(path)!r} is not a parquet file") from None
-    missing = [column for column in REQUIRED_COLUMNS if column not in names]
-    if missing:
-        raise SdbenchError(
-            f"{str(path)!r} is not sdbench results (missing columns: {', '.join(missing[:5])}"
-            f"{', ...' if len(missing) > 5 else ''}); report reads parquet written by `sdbench sweep`"
-        )
-    versions = set(pq.read_table(path, columns=["schema_version"]).column(0).to_pylist())
-    unknown = sorted(v for v in versions if v not in KNOWN_SCHEMA_VERSIONS)
-    if unknown:
-        raise SdbenchError(
-            f"{str(path)!r} has results schema version {unknown[0]}; this sdbench reads version "
-            f"{', '.join(map(str, KNOWN_SCHEMA_VERSIONS))} (use the sdbench that wrote it, or re-run the sweep)"
-        )
-
-
-def read_rows(paths: list[str | Path]) -> list[dict]:
-    """Every row as a dict, through pyarrow alone (no polars: calibrate-tau runs on the GPU host)."""
-    import pyarrow.parquet as pq
-
-    rows: list[dict] = []
-    for path in resolve_files(paths):
-        check_file(path)
-        rows.extend(pq.read_table(path).to_pylist())
-    return rows
-
-
 def scan(paths: list[str | Path]):
     """A polars LazyFrame over every file (columns missing from a file read as null)."""
     pl = require_polars()
-    files = resolve_files(paths)
+    files = results.resolve_files(paths)
     for path in files:
-        check_file(path)
+        results.check_file(path)
     frames = [pl.scan_parquet(path) for path in files]
-    return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
+    frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
+    missing = [name for name in results.CONFIG_COLUMNS if name not in frame.collect_schema().names()]
+    return frame.with_columns(pl.lit(None).alias(name) for name in missing) if missing else frame  # older files
 
 
 # --- --where ----------------------------------------------------------------------------------------
@@ -319,6 +259,7 @@ class Report:
     tables: list[ReportTable] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    run_ids: list[str] = field(default_factory=list)  # more than one: the cells pool several runs
 
     def shown(self, cell: Cell) -> bool:
         return self.shown_impls is None or cell.impl in self.shown_impls
@@ -343,6 +284,9 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
                     shown_impls=set(impls) if impls else None, gpu_label=_gpu_label(frame),
                     ceiling_gbps=None, ceiling_source="", sources=[str(path) for path in paths])
     report.ceiling_gbps, report.ceiling_source = _ceiling(report, ceiling_gbps)
+    report.run_ids = run_ids(frame)
+    if len(report.run_ids) > 1:
+        report.notes.append(pooled_runs_note(frame, report.run_ids))
     if baseline not in known_impls:
         report.notes.append(f"baseline {baseline!r} is not in these results: no speedup-vs-baseline column "
                             f"(choose one of {', '.join(known_impls)} with --baseline)")
@@ -352,6 +296,34 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
         roofline_table(report),
     ]
     return report
+
+
+def run_ids(frame) -> list[str]:
+    """The runs whose timed rows these results hold."""
+    pl = require_polars()
+    timed = frame.filter(pl.col("status") == "ok").select(pl.col("run_id").unique().sort()).collect()
+    return [str(run_id) for run_id in timed.to_series().to_list()]
+
+
+def pooled_runs_note(frame, ids: list[str]) -> str:
+    """Says that several runs were pooled, and how: one median over the runs' medians per config."""
+    pl = require_polars()
+    overlap = frame.filter(pl.col("status") == "ok").group_by(list(CONFIG_KEYS)).agg(
+        pl.col("run_id").n_unique().alias("runs")).filter(pl.col("runs") > 1).select(pl.len()).collect().item()
+    shown = ", ".join(ids[:4]) + (", ..." if len(ids) > 4 else "")
+    return (f"pooled {len(ids)} runs ({shown}): {overlap} configs were measured by more than one run and show the "
+            "median of those runs' medians; one run alone: --where run_id=ID")
+
+
+def select_tables(report: Report, title_part: str | None) -> list[ReportTable]:
+    """The report's tables whose title contains title_part (case-insensitive); all of them for None."""
+    if title_part is None:
+        return report.tables
+    chosen = [table for table in report.tables if title_part.lower() in table.title.lower()]
+    if not chosen:
+        raise SdbenchError(f"--table {title_part!r} matches no table; the tables are: "
+                           + "; ".join(table.title for table in report.tables))
+    return chosen
 
 
 def _empty_message(paths: list[str | Path], wheres: list[Where]) -> str:
@@ -384,9 +356,9 @@ def _ceiling(report: Report, given: float | None) -> tuple[float | None, str]:
     """The copy-bandwidth ceiling: --ceiling-gbps, else the GPU's profile, else the best achieved."""
     if given:
         return given, "--ceiling-gbps"
-    from sdbench import thresholds as profiles
+    from sdbench import thresholds
 
-    for profile in profiles.load_profiles():
+    for profile in thresholds.load_profiles():
         if profile.copy_bandwidth_gbps and profile.gpu_name in report.gpu_label:
             return profile.copy_bandwidth_gbps, f"measured copy bandwidth in profile {profile.slug}.toml"
     achieved = [stat.achieved_gbps for cell in report.cells for name, stat in cell.views.items()
@@ -555,7 +527,7 @@ def alpha_slope(points: dict[float, float]) -> tuple[float | None, float | None]
 
 def fused_table(report: Report) -> ReportTable:
     """Fused verify-and-pack against the best two-step pipeline at each config, by accepted KV bytes."""
-    from sdbench.commands.calibrate_tau import best_threshold
+    from sdbench.thresholds import best_threshold
 
     view = report.primary_view
     cells = [cell for cell in report.cells if cell.get("op") == "verify_pack" and cell.median(view) is not None]
@@ -694,60 +666,3 @@ def roofline_table(report: Report) -> ReportTable:
                        f"({report.ceiling_source}); bytes: 2 scalars per draft token, then one p row and one q row "
                        "of V per sequence at its first rejection, p alone at the bonus")
     return table
-
-
-# --- output -----------------------------------------------------------------------------------------------
-def markdown(report: Report, plots: list[tuple[str, str]] | None = None, plot_notes: list[str] | None = None) -> str:
-    lines = [f"# sdbench report: {report.gpu_label}", "",
-             f"Sources: {', '.join(report.sources)}. Speedups use the **{report.primary_view}** view; "
-             f"baseline `{report.baseline}`.", ""]
-    lines.extend(f"> {note}" for note in report.notes)
-    for table in report.tables:
-        lines.extend(["", table.markdown()])
-    if plots or plot_notes:
-        lines.extend(["", "## Plots", ""])
-        lines.extend(f"![{title}]({name})\n" for name, title in plots or [])
-        lines.extend(f"> {note}" for note in plot_notes or [])
-    return "\n".join(lines).rstrip() + "\n"
-
-
-_CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
-        "margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}td:nth-child(-n+3),"
-        "th:nth-child(-n+3){text-align:left}th{background:#f0f0f0}.note{color:#555;font-size:90%}"
-        "img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}")
-
-
-def to_html(report: Report, plots: list[tuple[str, bytes, str]], plot_notes: list[str]) -> str:
-    """A self-contained page: tables inline, plots as base64 PNGs."""
-    import base64
-
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>sdbench report: {html.escape(report.gpu_label)}"
-             f"</title><style>{_CSS}</style></head><body>",
-             f"<h1>sdbench report: {html.escape(report.gpu_label)}</h1>",
-             f"<p>Sources: {html.escape(', '.join(report.sources))}. Speedups use the "
-             f"<b>{html.escape(report.primary_view)}</b> view; baseline <code>{html.escape(report.baseline)}</code>.</p>"]
-    parts.extend(f"<p class='note'>{html.escape(note)}</p>" for note in report.notes)
-    parts.extend(table.html() for table in report.tables)
-    if plots or plot_notes:
-        parts.append("<h2>Plots</h2>")
-    for name, png, title in plots:
-        encoded = base64.b64encode(png).decode("ascii")
-        parts.append(f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,{encoded}'>"
-                     f"<figcaption>{html.escape(name)}</figcaption></figure>")
-    parts.extend(f"<p class='note'>{html.escape(note)}</p>" for note in plot_notes)
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
-def write_report(report: Report, out_dir: str | Path) -> list[Path]:
-    """report.md, one PNG per plot that has data, and a self-contained report.html; returns the paths."""
-    from sdbench.commands.report import plots as plotting
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written, plot_notes = plotting.write_plots(report, out)
-    plot_files = [(path.name, title) for path, title in written]
-    (out / "report.md").write_text(markdown(report, plot_files, plot_notes))
-    pngs = [(path.name, path.read_bytes(), title) for path, title in written]
-    (out / "report.html").write_text(to_html(report, pngs, plot_notes))
-    return [out / "report.md", *(path for path, _ in written), out / "report.html"]

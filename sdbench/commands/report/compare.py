@@ -3,8 +3,9 @@
 Configs are matched on everything that defines the work plus implementation and view (not the GPU or
 the run), so A and B may be two builds on one GPU or one build on two GPUs. The interval resamples
 each side's `samples_us` (seeded) and takes the ratio of the resampled medians. A change is flagged
-only when it is both real (the interval excludes 1) and large enough to matter (|ratio − 1| > threshold);
-a large but noisy change, or a tiny but significant one, is reported as no change, with the reason.
+only when it is both real (the interval excludes 1) and large enough to matter (|ratio − 1| > threshold).
+Every row gets one verdict, nvbench-style: SLOWER, FASTER, SAME (inside the threshold band, or a real but
+tiny change) or NOISY (the interval is too wide to tell, or a sweep flagged the row noisy), with the reason.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import numpy as np
 
 from sdbench.commands.report import ReportTable, Where, apply_where, format_us, require_polars, scan
 from sdbench.errors import SdbenchError
+from sdbench.measure import results
 
-MATCH_KEYS = ("op", "batch_size", "gamma", "alpha", "kv_dim", "dist", "token_dtype", "kv_dtype", "vocab_size",
-              "cold_l2", "impl", "view")
+# Runs are matched across machines and timing settings: the config key without its machine columns and
+# without `settings` (the same workload, however many samples each run took), per implementation and view.
+MATCH_KEYS = (*(column for column in results.CONFIG_COLUMNS if column != "settings"), "impl", "view")
+VERDICTS = ("SLOWER", "FASTER", "NOISY", "SAME")  # in table order
 
 
 @dataclass
@@ -28,7 +32,7 @@ class Comparison:
     b_us: float
     low: float  # confidence interval on the ratio b / a
     high: float
-    verdict: str  # "slower", "faster", "no change"
+    verdict: str  # one of VERDICTS
     why: str
 
     @property
@@ -39,17 +43,23 @@ class Comparison:
         return self.key[MATCH_KEYS.index(name)]
 
 
-def load_samples(paths: list[str | Path], wheres: list[Where]) -> dict[tuple, np.ndarray]:
-    """Pooled samples of every timed (config, impl, view); the stored median stands in where none were kept."""
+def load_samples(paths: list[str | Path], wheres: list[Where]) -> tuple[dict[tuple, np.ndarray], set[tuple]]:
+    """Pooled samples of every timed (config, impl, view) (the stored median stands in where none were kept),
+    and the keys any of whose rows the sweep flagged noisy."""
     pl = require_polars()
     frame = apply_where(scan(paths), wheres)
+    if "noisy" not in frame.collect_schema().names():  # results from before noise was recorded
+        frame = frame.with_columns(pl.lit(None, dtype=pl.Boolean).alias("noisy"))
     frame = frame.filter((pl.col("status") == "ok") & (pl.col("impl") != "launch_floor") & pl.col("median_us").is_not_null())
-    table = frame.select(*MATCH_KEYS, "samples_us", "median_us").collect()
+    table = frame.select(*MATCH_KEYS, "samples_us", "median_us", "noisy").collect()
     pooled: dict[tuple, list[np.ndarray]] = {}
+    noisy: set[tuple] = set()
     for row in table.iter_rows(named=True):
-        samples = np.asarray(row["samples_us"] or [row["median_us"]], dtype=float)
-        pooled.setdefault(tuple(row[key] for key in MATCH_KEYS), []).append(samples)
-    return {key: np.concatenate(parts) for key, parts in pooled.items()}
+        key = tuple(row[name] for name in MATCH_KEYS)
+        pooled.setdefault(key, []).append(np.asarray(row["samples_us"] or [row["median_us"]], dtype=float))
+        if row["noisy"]:
+            noisy.add(key)
+    return {key: np.concatenate(parts) for key, parts in pooled.items()}, noisy
 
 
 def bootstrap_ratio(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_boot: int,
@@ -62,24 +72,42 @@ def bootstrap_ratio(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_bo
     return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
 
 
-def judge(ratio: float, low: float, high: float, threshold: float) -> tuple[str, str]:
+def judge(ratio: float, low: float, high: float, threshold: float, noisy: bool = False) -> tuple[str, str]:
+    """nvbench-style robust verdict on B / A from its bootstrap interval [low, high].
+
+    FASTER / SLOWER: the interval excludes 1 and the change exceeds the threshold. SAME: the interval lies
+    inside 1 ± threshold, or the change is real but under the threshold. NOISY: neither can be said — the
+    interval is wider than the threshold band and straddles it, or either run flagged the row noisy.
+    """
     real = low > 1.0 or high < 1.0
     large = abs(ratio - 1.0) > threshold
-    if real and large:
-        return ("slower", "B slower beyond noise") if ratio > 1 else ("faster", "B faster beyond noise")
-    if large:
-        return "no change", "large but within noise (interval includes 1)"
+    if real and large and not noisy:
+        return ("SLOWER", "B slower beyond noise") if ratio > 1 else ("FASTER", "B faster beyond noise")
+    if noisy:
+        return "NOISY", "a run flagged this row noisy (median noise above its --max-noise)"
+    if 1.0 - threshold <= low and high <= 1.0 + threshold:
+        return "SAME", "interval within the threshold band"
     if real:
-        return "no change", f"significant but under the {threshold:.0%} threshold"
-    return "no change", "within noise"
+        return "SAME", f"significant but under the {threshold:.0%} threshold"
+    return "NOISY", f"interval {low:.3f}–{high:.3f} is wider than ±{threshold:.0%}: cannot tell"
+
+
+def compare_runs(results: list[str | Path], wheres: list[Where] | None = None, *, threshold: float = 0.05,
+                 seed: int = 0) -> tuple[list[Comparison], list[str]]:
+    """`report --compare A B`: exactly two results (files or folders), validated here."""
+    if len(results) != 2:
+        raise SdbenchError(f"--compare takes exactly two results (A B), got {len(results)}")
+    if not 0 <= threshold < 1:
+        raise SdbenchError(f"--threshold must be in [0, 1), got {threshold}")
+    return compare([results[0]], [results[1]], wheres, threshold=threshold, seed=seed)
 
 
 def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[Where] | None = None, *,
             threshold: float = 0.05, n_boot: int = 1000, confidence: float = 0.95,
             seed: int = 0) -> tuple[list[Comparison], list[str]]:
     """(one Comparison per config measured in both, notes on what did not match)."""
-    a = load_samples(a_paths, wheres or [])
-    b = load_samples(b_paths, wheres or [])
+    a, a_noisy = load_samples(a_paths, wheres or [])
+    b, b_noisy = load_samples(b_paths, wheres or [])
     shared = sorted(set(a) & set(b), key=lambda key: tuple(str(value) for value in key))
     if not shared:
         raise SdbenchError("A and B share no timed (config, impl, view): nothing to compare "
@@ -89,7 +117,7 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
     for key in shared:
         a_us, b_us = float(np.median(a[key])), float(np.median(b[key]))
         low, high = bootstrap_ratio(a[key], b[key], rng, n_boot, confidence)
-        verdict, why = judge(b_us / a_us, low, high, threshold)
+        verdict, why = judge(b_us / a_us, low, high, threshold, key in a_noisy or key in b_noisy)
         results.append(Comparison(key, a_us, b_us, low, high, verdict, why))
     notes = []
     if len(a) > len(shared):
@@ -101,19 +129,19 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
 
 def compare_table(results: list[Comparison], notes: list[str], a_label: str, b_label: str,
                   threshold: float, confidence: float = 0.95) -> ReportTable:
-    order = {"slower": 0, "faster": 1, "no change": 2}
+    order = {verdict: index for index, verdict in enumerate(VERDICTS)}
     ranked = sorted(results, key=lambda r: (order[r.verdict], -abs(np.log(r.ratio))))
     counts = {verdict: sum(r.verdict == verdict for r in results) for verdict in order}
     table = ReportTable(
-        f"B / A per config: A = {a_label}, B = {b_label} ({counts['slower']} slower, {counts['faster']} faster, "
-        f"{counts['no change']} unchanged of {len(results)}; flagged when the {confidence:.0%} bootstrap interval "
-        f"excludes 1 and |B/A − 1| > {threshold:.0%})",
+        f"B / A per config: A = {a_label}, B = {b_label} ({counts['SLOWER']} SLOWER, {counts['FASTER']} FASTER, "
+        f"{counts['NOISY']} NOISY, {counts['SAME']} SAME of {len(results)}; FASTER/SLOWER when the "
+        f"{confidence:.0%} bootstrap interval excludes 1 and |B/A − 1| > {threshold:.0%})",
         ["op", "config", "impl", "view", "A µs", "B µs", "B / A", f"{confidence:.0%} interval", "verdict"],
     )
     for r in ranked:
         config = f"b={r.get('batch_size')} γ={r.get('gamma')} α={r.get('alpha'):g}" + (
             f" kv={r.get('kv_dim')}" if r.get("kv_dim") else "")
-        verdict = r.verdict if r.verdict != "no change" else f"no change ({r.why})"
+        verdict = f"{r.verdict} ({r.why})" if r.verdict in ("SAME", "NOISY") else r.verdict
         table.rows.append([r.get("op"), config, r.get("impl"), r.get("view"), format_us(r.a_us), format_us(r.b_us),
                            f"{r.ratio:.3f}", f"{r.low:.3f}–{r.high:.3f}", verdict])
     table.notes.extend(notes)

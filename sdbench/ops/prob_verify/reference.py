@@ -4,19 +4,32 @@ from __future__ import annotations
 
 import torch
 
+from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE
+
 # --- prob_verify: probabilistic (Leviathan) verification ---------------------------------------
 # Outputs: accepted_lengths int64 [B], next_tokens [B] and output_tokens [B, γ+1] (token dtype; the
-# accepted drafts, then the next token, then -1). With intermediates=True also accept_probs float32
-# [B, γ] = min(1, p(x)/q(x)) at each draft token (1 where q = 0 < p, 0 where both are 0): a float
-# intermediate some kernels expose, compared within PROB_FLOAT_ATOL of the input dtype.
+# accepted drafts, then the next token, then -1), error_flags int32 [B] (see 'Bad tokens' below).
+# With intermediates=True also accept_probs float32 [B, γ] = min(1, p(x)/q(x)) at each draft token
+# (1 where q = 0 < p, 0 where both are 0): a float intermediate some kernels expose, compared within
+# PROB_FLOAT_ATOL of the input dtype.
 #
 # The draws are the definition every implementation reproduces bit for bit in supplied mode:
 # - accept draft i iff u_i · q_i(x_i) < p_i(x_i) (float32 multiply, strict compare);
 # - k = the first rejected position (γ when none): the cumulative product of the accept flags;
 # - next token = exponential race at row k over w = max(0, p_k - q_k) (q_γ := 0, so the bonus race
 #   is over p_γ): argmax over {w > 0} of w / E, first index on ties. The race needs no normalising
-#   sum: P(argmax w_j / E_j = j) = w_j / Σ w for iid E ~ Exp(1). When w is 0 everywhere (impossible
-#   in exact arithmetic at a rejected row, possible after rounding) the race falls back to p / E.
+#   sum: P(argmax w_j / E_j = j) = w_j / Σ w for iid E ~ Exp(1).
+#
+# Degenerate rows (the one definition; every implementation agrees, and no token is ever outside
+# [0, V)). The race has three tiers, each used only when the ones before it are empty:
+#   1. columns with w > 0 (NaN is not > 0; +inf is, and ties go to the first index): key w / E;
+#   2. columns with p > 0 (w is 0 everywhere: impossible in exact arithmetic at a rejected row,
+#      possible after rounding, and the rule for unnormalised rows): key p / E;
+#   3. every column (p has no positive entry: all zero, negative or NaN): key 1 / E, i.e. the first
+#      index of the smallest E, a uniform draw over [0, V).
+# Bad tokens (sdbench.ops.input_contract): a draft token outside [0, V) has p = q = 0 there, so it
+# is rejected at its position, its accept_prob is 0, and error_flags[b] gets TOKEN_OUT_OF_RANGE. The
+# outputs stay defined (the race at the first rejection reads whole rows, never a token's column).
 
 PROB_FLOAT_INTERMEDIATES = ("accept_probs",)
 PROB_FLOAT_ATOL = {"float32": 1e-5, "bfloat16": 1e-3}  # max |kernel - reference| per input dtype
@@ -32,12 +45,20 @@ class ToleratedOutputs(dict):
 
 
 def prob_race(target_row: torch.Tensor, draft_row: torch.Tensor, exponential_noise: torch.Tensor) -> torch.Tensor:
-    """Residual draw at one row per sequence: int64 [B] token ids (all inputs [B, V], same float dtype)."""
+    """Residual draw at one row per sequence: int64 [B] token ids in [0, V) (all inputs [B, V], same
+    float dtype), with the three tiers of the degenerate-row rule above."""
     residual = (target_row - draft_row).clamp_min(0.0)
     positive = residual > 0
     residual_key = torch.where(positive, residual / exponential_noise, torch.full_like(residual, -1.0))
-    fallback_key = target_row / exponential_noise
+    # tier 2 keys are >= 0, tier 3 keys (-E) < 0: one argmax takes tier 2 when p has a positive entry
+    fallback_key = torch.where(target_row > 0, target_row / exponential_noise, -exponential_noise)
     return torch.where(positive.any(dim=1), residual_key.argmax(dim=1), fallback_key.argmax(dim=1))
+
+
+def draft_token_errors(draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """error_flags int32 [B]: TOKEN_OUT_OF_RANGE where any draft token of the sequence is outside [0, V)."""
+    bad = ((draft_tokens < 0) | (draft_tokens >= vocab)).any(dim=1)
+    return bad.to(torch.int32) * TOKEN_OUT_OF_RANGE
 
 
 def prob_output_tokens(
@@ -53,9 +74,11 @@ def prob_output_tokens(
 
 
 def prob_accept_probs(target_at_draft: torch.Tensor, draft_at_draft: torch.Tensor) -> torch.Tensor:
-    """min(1, p/q) at the draft tokens; 1 where q = 0 < p and 0 where both are 0."""
+    """The probability that the accept test passes: min(1, p/q) at the draft tokens; 1 where q = 0 < p
+    and 0 where both are 0; 0 where p/q is negative or NaN (degenerate inputs: the test never passes)."""
     safe_q = torch.where(draft_at_draft > 0, draft_at_draft, torch.ones_like(draft_at_draft))
-    ratio = torch.clamp(target_at_draft / safe_q, max=1.0)
+    ratio = target_at_draft / safe_q
+    ratio = torch.where(ratio > 0, ratio, torch.zeros_like(ratio)).clamp(max=1.0)
     return torch.where(draft_at_draft > 0, ratio, (target_at_draft > 0).to(ratio.dtype))
 
 
@@ -75,6 +98,7 @@ def prob_verify(
     draft_tokens [B, γ]; target_probs p [B, γ+1, V]; draft_probs q [B, γ, V] (probabilities, or
     log-probs when logprobs); uniforms [B, γ]; exponential_noise [B, V]. Arithmetic in
     compute_dtype (float32, even for bfloat16 inputs). Sync-free: V is swept at row k only.
+    Also returns error_flags int32 [B] (sdbench.ops.input_contract): it never raises on bad tokens.
     """
     batch, gamma = draft_tokens.shape
     vocab = target_probs.shape[2]
@@ -83,9 +107,11 @@ def prob_verify(
         values = values.to(compute_dtype)
         return values.exp() if logprobs else values
 
-    tokens = draft_tokens.long()[:, :, None]
-    target_at_draft = decode(target_probs[:, :gamma].gather(2, tokens).squeeze(2))
-    draft_at_draft = decode(draft_probs.gather(2, tokens).squeeze(2))
+    in_range = (draft_tokens >= 0) & (draft_tokens < vocab)
+    tokens = draft_tokens.long().clamp(0, vocab - 1)[:, :, None]  # gathered, then zeroed where out of range
+    zero = torch.zeros((), dtype=compute_dtype, device=draft_tokens.device)
+    target_at_draft = torch.where(in_range, decode(target_probs[:, :gamma].gather(2, tokens).squeeze(2)), zero)
+    draft_at_draft = torch.where(in_range, decode(draft_probs.gather(2, tokens).squeeze(2)), zero)
     accepted = uniforms.to(compute_dtype) * draft_at_draft < target_at_draft
     accepted_lengths = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
@@ -99,6 +125,7 @@ def prob_verify(
         "accepted_lengths": accepted_lengths,
         "next_tokens": next_tokens,
         "output_tokens": prob_output_tokens(draft_tokens, accepted_lengths, next_tokens),
+        "error_flags": draft_token_errors(draft_tokens, vocab),
     }
     if intermediates:
         outputs["accept_probs"] = prob_accept_probs(target_at_draft, draft_at_draft).float()

@@ -3,7 +3,13 @@ the `serial_sampler` peer (vLLM V1's random path). Kernels in sdbench.ops.prob_v
 
 Supplied randomness: every entry reads `uniforms` and `exponential_noise` and must equal the reference
 token for token (parity). Fast: `fused` and `flashspec` draw Philox randomness in-kernel from (seed,
-offset); `serial_sampler` draws PyTorch uniforms and noise before its kernels, as vLLM V1 does.
+offset); the offset lives in a device counter (int64 [B]) that starts at workload.offset at prepare and
+that the kernels advance by one per call, so every timed call and every CUDA-graph replay draws fresh
+numbers with no host sync (the same seed and starting offset reproduce the same sequence of calls).
+`serial_sampler` draws PyTorch uniforms and noise before its kernels, as vLLM V1 does.
+
+Every entry writes error_flags (sdbench.ops.input_contract): a draft token outside [0, V) is read
+as p = q = 0 and flagged, never loaded.
 
 Triton kernels are imported lazily (in prepare), so this module registers its entries on machines
 without Triton, and the interpreter mode is whatever TRITON_INTERPRET said before the first prepare.
@@ -49,6 +55,14 @@ def _inputs(w: ProbWorkload, uniforms: torch.Tensor | None = None, noise: torch.
     )
 
 
+def _from_offset(run: BufferedRun, offsets: torch.Tensor, w: ProbWorkload) -> BufferedRun:
+    """Rewind the offset counters the warm-up advanced, so a prepared run's first call draws at
+    workload.offset on every device; `run.philox_offsets` exposes them (tests read them)."""
+    offsets.fill_(w.offset)
+    run.philox_offsets = offsets
+    return run
+
+
 def _prepare_fused(w: ProbWorkload):
     kernels = _triton()
     outputs = allocate_outputs(w)
@@ -58,8 +72,9 @@ def _prepare_fused(w: ProbWorkload):
     plan = kernels.default_fused_plan(batch, w.config.vocab_size, w.device)
     inputs = _inputs(w)
     inputs.check()
-    launch = kernels.fused_launcher(inputs, outputs, best, arrivals, plan, w.randomness == "fast", w.seed, w.offset)
-    return warm_up(BufferedRun(launch, outputs), w)
+    offsets = kernels.philox_offsets(batch, w.offset, w.device)  # advanced on the device, call by call
+    launch = kernels.fused_launcher(inputs, outputs, best, arrivals, plan, w.randomness == "fast", w.seed, offsets)
+    return _from_offset(warm_up(BufferedRun(launch, outputs), w), offsets, w)
 
 
 def _prepare_flashspec(w: ProbWorkload):
@@ -70,8 +85,9 @@ def _prepare_flashspec(w: ProbWorkload):
     accepted = torch.empty((batch, gamma), dtype=torch.int8, device=w.device)
     inputs = _inputs(w)
     inputs.check()
-    launch = kernels.flashspec_launcher(inputs, outputs, accepted, w.randomness == "fast", w.seed, w.offset)
-    return warm_up(BufferedRun(launch, outputs), w)
+    offsets = kernels.philox_offsets(batch, w.offset, w.device)  # advanced on the device, call by call
+    launch = kernels.flashspec_launcher(inputs, outputs, accepted, w.randomness == "fast", w.seed, offsets)
+    return _from_offset(warm_up(BufferedRun(launch, outputs), w), offsets, w)
 
 
 def _prepare_serial(w: ProbWorkload):

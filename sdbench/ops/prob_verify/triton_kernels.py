@@ -31,7 +31,13 @@ decoded with libdevice's expf on CUDA (PyTorch's expf) and tl.exp under the inte
 gives the accept uniform of (sequence, position), stream 1 the race noise: call j yields the four
 uniforms of columns 4j..4j+3 (one 16-byte group), E = -log1p(-u) (libdevice on CUDA). The stream
 is a function of the column alone, so the same seed and offset give the same tokens from fused and
-flashspec, on any grid and any chunk size.
+flashspec, on any grid and any chunk size. The offset is read from a device counter per sequence
+(int64 [B]) that the kernels advance by one per call (fused: its finalising program; flashspec: its
+sample kernel), so repeated calls and graph replays draw fresh numbers without a host sync.
+
+Bad input (sdbench.ops.input_contract): a draft token outside [0, V) is never loaded (masked: p = q
+= 0, so it is rejected) and sets error_flags[b]; degenerate rows follow reference.prob_race's three
+tiers (w > 0, then p > 0, then every column by 1 / E), so no token outside [0, V) is ever written.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE as _TOKEN_OUT_OF_RANGE
+
 try:
     from triton.language.extra import libdevice
 except ImportError:  # older Triton layouts
@@ -55,6 +63,7 @@ GROUP = 4  # columns per Philox call, and per thread-contiguous group (16-byte f
 # Globals a jit function reads must be constexpr.
 STREAM_ACCEPT = tl.constexpr(0)
 STREAM_RACE = tl.constexpr(1)
+TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_contract
 SWEEP_ROWS = 512  # flashspec sample / serial recovered: 2048 columns per step, 4 warps (16 per thread)
 SWEEP_WARPS = 4
 # fused: chunk = columns per program, a power of two. The default plan takes the largest chunk up
@@ -176,8 +185,10 @@ def _race_noise(noise_row, b, start, cols, vocab, seed, offset,
 
 @triton.jit
 def _pack(key, cols):
-    """int64 race key: high word = the float bits of key (sign-extended), low word = 2^32-1-col."""
-    high = key.to(tl.int32, bitcast=True).to(tl.int64)
+    """int64 race key: high word = the float bits of key made monotonic (a negative float's magnitude
+    bits flipped, so -E orders like -E and not like E), sign-extended; low word = 2^32-1-col."""
+    bits = key.to(tl.int32, bitcast=True)
+    high = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
     low = (~cols).to(tl.uint32, bitcast=True).to(tl.int64)
     return (high << 32) | low
 
@@ -206,18 +217,30 @@ def _residual_keys(target_row, draft_row, noise, has_draft, cols, vocab,
 @triton.jit
 def _fallback_race(target_row, noise_row, b, vocab, seed, offset,
                    ROWS: tl.constexpr, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
-    """argmax_j p_j / E_j over the whole row (packed): the race when w is 0 everywhere."""
-    best = tl.full([ROWS, 4], -1, tl.int64)
+    """Tiers 2 and 3 of the degenerate-row rule (reference.prob_race), packed, over the whole row: the
+    race when w is 0 everywhere. Key p / E where p > 0 (>= 0), else -E (< 0: the first index of the
+    smallest E wins when p has no positive entry); -inf past V, so a padding column never wins."""
+    best = tl.full([ROWS, 4], -9223372036854775808, tl.int64)
     for start in range(0, vocab, 4 * ROWS):
         cols = _chunk_columns(start, ROWS)
         noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
-        target = _load_probs(target_row, cols, vocab, LOGPROBS, PRECISE_MATH)  # 0 past V: key 0 at a larger index
+        target = _load_probs(target_row, cols, vocab, LOGPROBS, PRECISE_MATH)
         if FAST:
             key = _fast_divide(target, noise, PRECISE_MATH)
         else:
             key = tl.math.div_rn(target, noise)
+        key = tl.where(target > 0, key, -noise)
+        key = tl.where(cols < vocab, key, float("-inf"))
         best = tl.maximum(best, _pack(key, cols))
     return tl.max(tl.max(best, axis=1), axis=0)
+
+
+@triton.jit
+def _probs_at_tokens(row_ptrs, tokens, readable, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr):
+    """p or q at the draft tokens; 0 where not readable (out of the draft, or a token outside [0, V):
+    the input contract's p = q = 0, so the token is rejected and nothing outside the row is read)."""
+    values = _decode(tl.load(row_ptrs + tokens, mask=readable, other=0.0), LOGPROBS, PRECISE_MATH)
+    return tl.where(readable, values, 0.0)  # a masked log-prob of 0 would decode to 1
 
 
 @triton.jit
@@ -249,11 +272,11 @@ def _write_outputs(draft_tokens_ptr, accepted_lengths_ptr, next_tokens_ptr, outp
 
 
 # --- fused: one launch, one chunk per program, atomic combine ----------------------------------
-@triton.jit(do_not_specialize=["seed", "offset"])
+@triton.jit(do_not_specialize=["seed"])
 def _fused_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, noise_ptr,
-    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, best_ptr, arrivals_ptr,
-    seed, offset, vocab, chunks,
+    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
+    seed, vocab, chunks,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, ROWS: tl.constexpr,
     LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
@@ -271,21 +294,30 @@ def _fused_kernel(
     on real distributions), and writes the outputs from the scan's registers. best_ptr (int64 [B])
     and arrivals_ptr (int32 [B]) must start zeroed; each launch leaves them zeroed, so CUDA-graph
     replays start clean.
+
+    Fast mode reads the Philox offset from offsets_ptr[b] (int64 [B]) and the last arrival writes
+    offset + 1 there: every program of b read it before its acq_rel arrival, so the next call (or
+    graph replay) draws fresh numbers with no host involvement. error_flags[b] (int32) is written by
+    the last arrival: TOKEN_OUT_OF_RANGE where a draft token is outside [0, V) (sdbench.ops.input_contract).
     """
     b = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * (4 * ROWS)
     cols = _chunk_columns(start, ROWS)
+    if FAST:
+        offset = tl.load(offsets_ptr + b)
+    else:
+        offset = 0
 
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=in_draft, other=0).to(tl.int64)
+    out_of_range = in_draft & ((tokens < 0) | (tokens >= vocab))
+    readable = in_draft & ~out_of_range
     noise_row = noise_ptr + b * stride_e_b
     noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
 
-    p = _decode(tl.load(target_ptr + b * stride_p_b + positions * stride_p_row + tokens, mask=in_draft, other=0.0),
-                LOGPROBS, PRECISE_MATH)
-    q = _decode(tl.load(draft_ptr + b * stride_q_b + positions * stride_q_row + tokens, mask=in_draft, other=0.0),
-                LOGPROBS, PRECISE_MATH)
+    p = _probs_at_tokens(target_ptr + b * stride_p_b + positions * stride_p_row, tokens, readable, LOGPROBS, PRECISE_MATH)
+    q = _probs_at_tokens(draft_ptr + b * stride_q_b + positions * stride_q_row, tokens, readable, LOGPROBS, PRECISE_MATH)
     u = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
     rejected = in_draft & ~(u * q < p)
     k = tl.min(tl.where(rejected, positions, GAMMA), axis=0)
@@ -308,48 +340,62 @@ def _fused_kernel(
         tl.store(out_row + GAMMA, tl.where(has_draft, -1, next_token).to(out_type))
         tl.store(next_tokens_ptr + b, next_token.to(next_tokens_ptr.dtype.element_ty))
         tl.store(accepted_lengths_ptr + b, k.to(tl.int64))
+        tl.store(error_flags_ptr + b, tl.max(out_of_range.to(tl.int32), axis=0) * TOKEN_OUT_OF_RANGE)
+        if FAST:
+            tl.store(offsets_ptr + b, offset + 1)  # every program of b has read it (they all arrived)
         tl.store(arrivals_ptr + b, 0)  # every program of b has arrived: nothing else touches it this launch
 
 
 # --- flashspec: verify (scalars only) + gather + sample ------------------------------------------
-@triton.jit(do_not_specialize=["seed", "offset"])
+@triton.jit(do_not_specialize=["seed"])
 def _flashspec_verify_kernel(
-    draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, accepted_ptr, accept_probs_ptr,
-    batch, seed, offset,
+    draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, accepted_ptr, accept_probs_ptr, offsets_ptr,
+    batch, seed, vocab,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
     GAMMA: tl.constexpr, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
     BLOCK_B: tl.constexpr,
 ):
     """Grid (⌈B/BLOCK_B⌉, γ). Program (j, i): sequences [j·BLOCK_B, (j+1)·BLOCK_B) at position i
-    read their token id, p and q at it and the uniform, and write the accept flag (int8 [B, γ]) and
-    accept_probs = min(1, p/q) (float32 [B, γ]). Never touches the vocabulary beyond one element."""
+    read their token id, p and q at it and the uniform, and write the accept flag (int8 [B, γ]: 1
+    accepted, 0 rejected, -1 rejected because the token is outside [0, V)) and accept_probs =
+    min(1, p/q) (float32 [B, γ]). Never touches the vocabulary beyond one element. Fast mode reads
+    the Philox offset of each sequence from offsets_ptr (the sample kernel advances it)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
     position = tl.program_id(1)
     valid = rows < batch
+    if FAST:
+        offset = tl.load(offsets_ptr + rows, mask=valid, other=0)
+    else:
+        offset = 0
     tokens = tl.load(draft_tokens_ptr + rows * stride_tok_b + position, mask=valid, other=0).to(tl.int64)
-    p = _decode(tl.load(target_ptr + rows * stride_p_b + position * stride_p_row + tokens, mask=valid, other=0.0),
-                LOGPROBS, PRECISE_MATH)
-    q = _decode(tl.load(draft_ptr + rows * stride_q_b + position * stride_q_row + tokens, mask=valid, other=0.0),
-                LOGPROBS, PRECISE_MATH)
+    out_of_range = valid & ((tokens < 0) | (tokens >= vocab))
+    readable = valid & ~out_of_range
+    p = _probs_at_tokens(target_ptr + rows * stride_p_b + position * stride_p_row, tokens, readable,
+                         LOGPROBS, PRECISE_MATH)
+    q = _probs_at_tokens(draft_ptr + rows * stride_q_b + position * stride_q_row, tokens, readable,
+                         LOGPROBS, PRECISE_MATH)
     u = _accept_uniforms(uniforms_ptr, rows, position, valid, stride_u_b, seed, offset, FAST)
     accepted = u * q < p
     safe_q = tl.where(q > 0, q, 1.0)
-    ratio = tl.minimum(tl.math.div_rn(p, safe_q), 1.0)
+    ratio = tl.math.div_rn(p, safe_q)
+    ratio = tl.minimum(tl.where(ratio > 0, ratio, 0.0), 1.0)  # negative or NaN: the test never passes
     accept_prob = tl.where(q > 0, ratio, tl.where(p > 0, 1.0, 0.0))
-    tl.store(accepted_ptr + rows * GAMMA + position, accepted.to(tl.int8), mask=valid)
+    flag = tl.where(out_of_range, -1, accepted.to(tl.int32))
+    tl.store(accepted_ptr + rows * GAMMA + position, flag.to(tl.int8), mask=valid)
     tl.store(accept_probs_ptr + rows * GAMMA + position, accept_prob, mask=valid)
 
 
 @triton.jit
 def _flashspec_gather_kernel(
-    draft_tokens_ptr, accepted_ptr, accepted_lengths_ptr, output_tokens_ptr,
+    draft_tokens_ptr, accepted_ptr, accepted_lengths_ptr, output_tokens_ptr, error_flags_ptr,
     total, stride_tok_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):
     """Grid ⌈B·γ/BLOCK_SIZE⌉ over the flattened (sequence, position) pairs: each lane finds its
     sequence's first rejection k from the γ accept flags ([BLOCK_SIZE, GAMMA_PAD] int8 tile) and
     writes the draft token at positions < k, -1 at positions >= k (the sample kernel then writes the
-    next token at k and column γ); position-0 lanes write accepted_lengths."""
+    next token at k and column γ); position-0 lanes write accepted_lengths and error_flags (a flag of
+    -1 marks a token outside [0, V))."""
     flat = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     valid = flat < total
     rows = flat // GAMMA
@@ -357,24 +403,31 @@ def _flashspec_gather_kernel(
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = valid[:, None] & (positions[None, :] < GAMMA)
     flags = tl.load(accepted_ptr + rows[:, None] * GAMMA + positions[None, :], mask=in_draft, other=1)
-    k = tl.min(tl.where(in_draft & (flags == 0), positions[None, :], GAMMA), axis=1)
+    k = tl.min(tl.where(in_draft & (flags <= 0), positions[None, :], GAMMA), axis=1)
+    out_of_range = tl.max((in_draft & (flags < 0)).to(tl.int32), axis=1)
     drafts = tl.load(draft_tokens_ptr + rows * stride_tok_b + position, mask=valid, other=0)
     out = tl.where(position < k, drafts, -1)
     tl.store(output_tokens_ptr + rows * stride_out_b + position, out.to(output_tokens_ptr.dtype.element_ty), mask=valid)
     tl.store(accepted_lengths_ptr + rows, k.to(tl.int64), mask=valid & (position == 0))
+    tl.store(error_flags_ptr + rows, out_of_range * TOKEN_OUT_OF_RANGE, mask=valid & (position == 0))
 
 
-@triton.jit(do_not_specialize=["seed", "offset"])
+@triton.jit(do_not_specialize=["seed"])
 def _flashspec_sample_kernel(
-    target_ptr, draft_ptr, noise_ptr, accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr,
-    seed, offset, vocab,
+    target_ptr, draft_ptr, noise_ptr, accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, offsets_ptr,
+    seed, vocab,
     stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, OUT_PAD: tl.constexpr, ROWS: tl.constexpr,
     LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
 ):
     """Grid (B,). One program sweeps all of row k = accepted_lengths[b] (one pass, running max of the
-    packed race keys) and writes next_tokens[b], output_tokens[b, k] and output_tokens[b, γ]."""
+    packed race keys) and writes next_tokens[b], output_tokens[b, k] and output_tokens[b, γ]. Fast mode:
+    the last of the three launches to read offsets_ptr[b], so it advances it by one (stream order)."""
     b = tl.program_id(0).to(tl.int64)
+    if FAST:
+        offset = tl.load(offsets_ptr + b)
+    else:
+        offset = 0
     k = tl.load(accepted_lengths_ptr + b).to(tl.int32)
     has_draft = k < GAMMA
     target_row = target_ptr + b * stride_p_b + k * stride_p_row
@@ -386,6 +439,8 @@ def _flashspec_sample_kernel(
     tail = tl.where(cols == k, next_token, -1)
     tl.store(output_tokens_ptr + b * stride_out_b + cols, tail.to(output_tokens_ptr.dtype.element_ty),
              mask=(cols == k) | (cols == GAMMA))
+    if FAST:
+        tl.store(offsets_ptr + b, offset + 1)
 
 
 # --- serial_sampler: recovered token for every position, then a serial scan ----------------------
@@ -411,21 +466,29 @@ def _serial_recovered_kernel(
 @triton.jit
 def _serial_scan_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, recovered_ptr,
-    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr,
+    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, vocab,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_out_b,
     GAMMA: tl.constexpr, OUT_PAD: tl.constexpr, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr,
 ):
     """Grid (B,). One program walks positions 0..γ-1 one scalar at a time until the first rejection,
-    then takes the recovered token there (or the bonus at γ) and writes the outputs."""
+    then takes the recovered token there (or the bonus at γ) and writes the outputs. A token outside
+    [0, V) is read as p = q = 0 (rejected) and flagged in error_flags[b], from all γ tokens."""
     b = tl.program_id(0).to(tl.int64)
     k = tl.program_id(0) * 0 + GAMMA  # a runtime int32 scalar, carried through the loop
     for position in range(0, GAMMA):
         if k == GAMMA:
             token = tl.load(draft_tokens_ptr + b * stride_tok_b + position).to(tl.int64)
-            p = _decode(tl.load(target_ptr + b * stride_p_b + position * stride_p_row + token), LOGPROBS, PRECISE_MATH)
-            q = _decode(tl.load(draft_ptr + b * stride_q_b + position * stride_q_row + token), LOGPROBS, PRECISE_MATH)
+            readable = (token >= 0) & (token < vocab)
+            p = _probs_at_tokens(target_ptr + b * stride_p_b + position * stride_p_row, token, readable,
+                                 LOGPROBS, PRECISE_MATH)
+            q = _probs_at_tokens(draft_ptr + b * stride_q_b + position * stride_q_row, token, readable,
+                                 LOGPROBS, PRECISE_MATH)
             u = tl.load(uniforms_ptr + b * stride_u_b + position)
             k = tl.where(u * q < p, k, position)
+    cols = tl.arange(0, OUT_PAD)
+    tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + cols, mask=cols < GAMMA, other=0)
+    out_of_range = (cols < GAMMA) & ((tokens < 0) | (tokens >= vocab))
+    tl.store(error_flags_ptr + b, tl.max(out_of_range.to(tl.int32), axis=0) * TOKEN_OUT_OF_RANGE)
     next_token = tl.load(recovered_ptr + b * (GAMMA + 1) + k)
     _write_outputs(draft_tokens_ptr, accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, b, k, next_token,
                    stride_tok_b, stride_out_b, GAMMA, OUT_PAD)
@@ -502,8 +565,11 @@ def _precise_math(device: torch.device) -> bool:
     return device.type == "cuda" and not INTERPRETED
 
 
-def _philox_offset(offset: int) -> int:
-    return offset % 2**31  # one 32-bit counter word; kept below 2^31 so it stays an int32 argument
+def philox_offsets(batch: int, offset: int, device: torch.device) -> torch.Tensor:
+    """The fast-mode offset counters: int64 [B], every sequence at offset. The kernels read them and
+    advance them by one per call on the device (so timed calls and graph replays draw fresh numbers
+    without a host sync); Philox uses the low 32 bits."""
+    return torch.full((batch,), offset, dtype=torch.int64, device=device)
 
 
 Launch = Callable[[], None]
@@ -590,17 +656,18 @@ class BoundLaunch:
 
 
 def fused_launcher(inputs: ProbTensors, outputs: dict[str, torch.Tensor], best: torch.Tensor, arrivals: torch.Tensor,
-                   plan: FusedPlan, fast: bool, seed: int = 0, offset: int = 0) -> Launch:
+                   plan: FusedPlan, fast: bool, seed: int, offsets: torch.Tensor) -> Launch:
     """A zero-argument launch of the fused kernel into outputs (accepted_lengths, next_tokens,
-    output_tokens); arguments are bound once, and after the first call the compiled kernel is
-    launched directly (BoundLaunch)."""
+    output_tokens, error_flags); offsets: philox_offsets (fast mode advances them every call).
+    Arguments are bound once, and after the first call the compiled kernel is launched directly
+    (BoundLaunch)."""
     batch, gamma, vocab = inputs.shape
     t = inputs
     grid = (batch, plan.splits)
     args = (
         t.draft_tokens, t.target_probs, t.draft_probs, t.uniforms, t.exponential_noise,
-        outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"], best, arrivals,
-        seed, _philox_offset(offset), vocab, plan.splits,
+        outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"], outputs["error_flags"],
+        best, arrivals, offsets, seed, vocab, plan.splits,
         t.draft_tokens.stride(0), t.target_probs.stride(0), t.target_probs.stride(1),
         t.draft_probs.stride(0), t.draft_probs.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0),
         outputs["output_tokens"].stride(0),
@@ -615,8 +682,9 @@ def fused_launcher(inputs: ProbTensors, outputs: dict[str, torch.Tensor], best: 
 
 def launch_fused(inputs: ProbTensors, outputs: dict[str, torch.Tensor], best: torch.Tensor, arrivals: torch.Tensor,
                  plan: FusedPlan, fast: bool, seed: int = 0, offset: int = 0) -> None:
-    """One launch of the fused kernel (see fused_launcher)."""
-    fused_launcher(inputs, outputs, best, arrivals, plan, fast, seed, offset)()
+    """One launch of the fused kernel (see fused_launcher) from a fresh offset counter at offset."""
+    offsets = philox_offsets(inputs.shape[0], offset, inputs.draft_tokens.device)
+    fused_launcher(inputs, outputs, best, arrivals, plan, fast, seed, offsets)()
 
 
 def _sweep_rows() -> int:
@@ -627,24 +695,25 @@ def _sweep_rows() -> int:
 
 
 def flashspec_launcher(inputs: ProbTensors, outputs: dict[str, torch.Tensor], accepted: torch.Tensor,
-                       fast: bool, seed: int = 0, offset: int = 0) -> Launch:
-    """verify -> gather -> sample into outputs (+ accept_probs); accepted is int8 [B, γ] scratch."""
+                       fast: bool, seed: int, offsets: torch.Tensor) -> Launch:
+    """verify -> gather -> sample into outputs (+ accept_probs, error_flags); accepted is int8 [B, γ]
+    scratch; offsets: philox_offsets (fast mode: the sample kernel advances them every call)."""
     batch, gamma, vocab = inputs.shape
     t = inputs
     precise = _precise_math(t.draft_tokens.device)
     verify_args = (
-        t.draft_tokens, t.target_probs, t.draft_probs, t.uniforms, accepted, outputs["accept_probs"],
-        batch, seed, _philox_offset(offset),
+        t.draft_tokens, t.target_probs, t.draft_probs, t.uniforms, accepted, outputs["accept_probs"], offsets,
+        batch, seed, vocab,
         t.draft_tokens.stride(0), t.target_probs.stride(0), t.target_probs.stride(1),
         t.draft_probs.stride(0), t.draft_probs.stride(1), t.uniforms.stride(0),
     )
     verify_meta = dict(GAMMA=gamma, LOGPROBS=t.logprobs, PRECISE_MATH=precise, FAST=fast)
-    gather_args = (t.draft_tokens, accepted, outputs["accepted_lengths"], outputs["output_tokens"],
+    gather_args = (t.draft_tokens, accepted, outputs["accepted_lengths"], outputs["output_tokens"], outputs["error_flags"],
                    batch * gamma, t.draft_tokens.stride(0), outputs["output_tokens"].stride(0))
     gather_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma))
     sample_args = (
         t.target_probs, t.draft_probs, t.exponential_noise, outputs["accepted_lengths"], outputs["next_tokens"],
-        outputs["output_tokens"], seed, _philox_offset(offset), vocab,
+        outputs["output_tokens"], offsets, seed, vocab,
         t.target_probs.stride(0), t.target_probs.stride(1), t.draft_probs.stride(0), t.draft_probs.stride(1),
         t.exponential_noise.stride(0), outputs["output_tokens"].stride(0),
     )
@@ -685,7 +754,7 @@ def serial_launcher(inputs: ProbTensors, outputs: dict[str, torch.Tensor], recov
                           num_warps=SWEEP_WARPS)
     scan_args = (
         t.draft_tokens, t.target_probs, t.draft_probs, t.uniforms, recovered,
-        outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"],
+        outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"], outputs["error_flags"], vocab,
         t.draft_tokens.stride(0), t.target_probs.stride(0), t.target_probs.stride(1),
         t.draft_probs.stride(0), t.draft_probs.stride(1), t.uniforms.stride(0), outputs["output_tokens"].stride(0),
     )

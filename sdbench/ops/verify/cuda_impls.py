@@ -29,9 +29,9 @@ def verify_args(w: VerifyWorkload, out: Outputs) -> tuple:
 
 
 def _prepare_verify(op_name: str):
-    def prepare(w: VerifyWorkload) -> BufferedRun:
+    def prepare(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
         op = getattr(cuda_ops(), op_name)
-        out = verify_outputs(w)
+        out = out if out is not None else verify_outputs(w)
         args = verify_args(w, out)
         return BufferedRun(lambda: op(*args), out)
 
@@ -39,10 +39,12 @@ def _prepare_verify(op_name: str):
 
 
 register(Implementation(
-    op="verify", name="naive", backend="cuda", probe=cuda_probe, launches=1, prepare=_prepare_verify("verify_naive"),
+    op="verify", name="naive", backend="cuda", probe=cuda_probe, launches=1, writes_into=True,
+    prepare=_prepare_verify("verify_naive"),
     description="one thread per sequence, serial scan to the first mismatch (divergent baseline)",
 ))
 register(Implementation(
-    op="verify", name="ballot", backend="cuda", probe=cuda_probe, launches=1, prepare=_prepare_verify("verify_ballot"),
+    op="verify", name="ballot", backend="cuda", probe=cuda_probe, launches=1, writes_into=True,
+    prepare=_prepare_verify("verify_ballot"),
     description="one warp per sequence, __ballot_sync + __ffs per 32-position chunk, flat in alpha",
 ))

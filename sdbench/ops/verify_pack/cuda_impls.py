@@ -8,7 +8,7 @@ from sdbench.ops.backends import cuda_ops, cuda_probe, needs_kv
 from sdbench.ops.pack.cuda_impls import pack_outputs
 from sdbench.ops.verify.cuda_impls import verify_args, verify_outputs
 from sdbench.ops.workload import VerifyConfig, VerifyWorkload
-from sdbench.registry import BufferedRun, Implementation, register
+from sdbench.registry import BufferedRun, Implementation, Outputs, register
 
 SINGLE_BLOCK_MAX_BATCH = 32  # fused_single_block: one warp per sequence, one block of 32 warps
 
@@ -20,9 +20,9 @@ def _single_block_supports(cfg: VerifyConfig) -> str | None:
 
 
 def _prepare_fused(op_name: str):
-    def prepare(w: VerifyWorkload) -> BufferedRun:
+    def prepare(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
         op = getattr(cuda_ops(), op_name)
-        out = {**verify_outputs(w), **pack_outputs(w)}
+        out = out if out is not None else {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
         args = (w.draft_tokens, w.target_tokens, w.draft_kv, out["accepted_lengths"], out["has_mismatch"],
                 out["next_tokens"], out["packed_kv"], out["packed_offsets"])
         return BufferedRun(lambda: op(*args), out)
@@ -48,10 +48,10 @@ def _prepare_ballot_pack_torch(w: VerifyWorkload) -> BufferedRun:
     return BufferedRun(launch, out)
 
 
-def _prepare_ballot_pack_cuda(w: VerifyWorkload) -> BufferedRun:
+def _prepare_ballot_pack_cuda(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
     ops = cuda_ops()
     ballot, pack_op = ops.verify_ballot, ops.pack
-    out = {**verify_outputs(w), **pack_outputs(w)}
+    out = out if out is not None else {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
     ballot_args = verify_args(w, out)
     pack_args = (w.draft_kv, out["accepted_lengths"], out["packed_kv"], out["packed_offsets"])
 
@@ -66,11 +66,11 @@ def _cuda(**fields) -> Implementation:
     return register(Implementation(op="verify_pack", backend="cuda", probe=cuda_probe, **fields))
 
 
-_cuda(name="fused_single_block", launches=1, supports=_single_block_supports, prepare=_prepare_fused("fused_single_block"),
+_cuda(name="fused_single_block", launches=1, writes_into=True, supports=_single_block_supports, prepare=_prepare_fused("fused_single_block"),
       description="published fused kernel: one block, warp i verifies and copies sequence i (B <= 32)")
-_cuda(name="fused", launches=1, supports=needs_kv, prepare=_prepare_fused("fused"),
+_cuda(name="fused", launches=1, writes_into=True, supports=needs_kv, prepare=_prepare_fused("fused"),
       description="verify + pack in one launch over the whole GPU, any B and kv_dim, no host sync")
 _cuda(name="ballot+pack_torch", sync=True, supports=needs_kv, prepare=_prepare_ballot_pack_torch,
       description="ballot kernel, then eager draft_kv[mask] (data-dependent shape: syncs)")
-_cuda(name="ballot+pack_cuda", launches=2, supports=needs_kv, prepare=_prepare_ballot_pack_cuda,
+_cuda(name="ballot+pack_cuda", launches=2, writes_into=True, supports=needs_kv, prepare=_prepare_ballot_pack_cuda,
       description="ballot kernel, then the pack_cuda kernel: two launches, no host sync")

@@ -16,4 +16,6 @@ def verify_pack(
 ) -> dict[str, torch.Tensor]:
     """Verify, then pack the accepted KV: the two-step pipeline every fused kernel must equal."""
     verified = verify(draft_tokens, target_tokens)
-    return {**verified, **pack(draft_kv, verified["accepted_lengths"])}
+    packed = pack(draft_kv, verified["accepted_lengths"])
+    del packed["error_flags"]  # verified lengths are always in [0, γ]: nothing to flag
+    return {**verified, **packed}

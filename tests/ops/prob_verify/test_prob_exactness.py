@@ -20,6 +20,8 @@ interpreter 10^5 programs would take hours, and supplied-mode token parity with 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -122,7 +124,11 @@ def _wrong_sampler(w, accept_ratio: str = "p/q", residual: str = "race"):
     rows = torch.arange(batch)
     p_row = p[rows, lengths]
     q_row = torch.where((lengths < gamma)[:, None], q[rows, lengths.clamp(max=gamma - 1)], torch.zeros_like(p_row))
-    if residual == "from_p":
+    if residual == "reuse_accept_uniform":  # inverse CDF of the normalised residual with the accept test's u
+        cdf = (p_row - q_row).clamp_min(0).cumsum(1)
+        u = w.uniforms[rows, lengths.clamp(max=gamma - 1)][:, None] * cdf[:, -1:]
+        next_tokens = torch.searchsorted(cdf, u).squeeze(1).clamp(max=cdf.shape[1] - 1)
+    elif residual == "from_p":
         next_tokens = reference.prob_race(p_row, torch.zeros_like(p_row), w.exponential_noise)
     elif residual == "unnormalised_cdf":
         cdf = (p_row - q_row).clamp_min(0).cumsum(1)
@@ -182,8 +188,60 @@ def test_the_correct_harness_variant_passes(rounds_fp32):
 
 
 # --- ... and the test can fail -------------------------------------------------------------------
-@pytest.mark.parametrize("broken", [{"residual": "from_p"}, {"accept_ratio": "q/p"}, {"residual": "unnormalised_cdf"}],
-                         ids=["residual_from_p", "ratio_inverted", "residual_not_normalised"])
+@pytest.mark.parametrize("broken", [{"residual": "from_p"}, {"accept_ratio": "q/p"}, {"residual": "unnormalised_cdf"},
+                                    {"residual": "reuse_accept_uniform"}],
+                         ids=["residual_from_p", "ratio_inverted", "residual_not_normalised", "accept_uniform_reused"])
 def test_wrong_variants_fail_the_first_token_check(rounds_fp32, broken):
     pvalue = exactness_pvalues(_wrong_sampler(rounds_fp32, **broken), *stored_distributions(rounds_fp32))["first_token"]
     assert pvalue < SIGNIFICANCE
+
+
+# --- independence: across the sequences of one batch, and across calls ----------------------------
+def independence_pvalue(first: torch.Tensor, second: torch.Tensor, p_first: torch.Tensor, p_second: torch.Tensor) -> float:
+    """χ² of the joint counts of two token streams against the product of their marginals p_first ⊗
+    p_second: dependent streams (shared randomness) concentrate on some cells and fail."""
+    vocab = p_first.numel()
+    joint = torch.bincount(first.cpu().long() * vocab + second.cpu().long(), minlength=vocab * vocab)
+    return chi_square_pvalue(joint, (p_first.double()[:, None] * p_second.double()[None, :]).flatten())
+
+
+def _pairs_of_sequences(outputs, p):
+    tokens = outputs["output_tokens"][:, 0].cpu()
+    return independence_pvalue(tokens[0::2], tokens[1::2], p[0], p[0])
+
+
+def test_sequences_of_one_batch_are_independent(rounds_fp32):
+    p, _ = stored_distributions(rounds_fp32)
+    assert _pairs_of_sequences(run_reference(rounds_fp32), p) > SIGNIFICANCE
+
+
+def test_one_random_stream_for_two_sequences_fails_independence(rounds_fp32):
+    w = rounds_fp32
+    uniforms, noise = w.uniforms.clone(), w.exponential_noise.clone()
+    uniforms[1::2], noise[1::2] = uniforms[0::2], noise[0::2]  # odd sequences reuse their neighbour's stream
+    p, _ = stored_distributions(w)
+    shared = dataclasses.replace(w, uniforms=uniforms, exponential_noise=noise)
+    assert _pairs_of_sequences(run_reference(shared), p) < SIGNIFICANCE
+
+
+def _residual_draws_of_two_calls(first, second, p, q):
+    """Next tokens of sequences rejected at position 0 in both calls (the drafts are the workload's,
+    shared by both calls, so only the residual draw is fresh randomness): χ² against r ⊗ r, with r
+    the normalised residual max(0, p_0 - q_0)."""
+    both = (first["accepted_lengths"] == 0) & (second["accepted_lengths"] == 0)
+    residual = (p[0] - q[0]).clamp_min(0)
+    residual = residual / residual.sum()
+    return independence_pvalue(first["next_tokens"][both], second["next_tokens"][both], residual, residual)
+
+
+def test_consecutive_calls_are_independent_and_a_reused_offset_fails(rounds_fp32):
+    """torch_eager's fast mode draws fresh numbers per call; calling with the same randomness twice
+    (a reused offset) gives identical, maximally dependent draws."""
+    p, q = stored_distributions(rounds_fp32)
+    torch.manual_seed(19)
+    run = registry.get("prob_verify", "torch_eager").prepare(rounds_fp32.with_randomness("fast"))
+    first = {key: value.clone() for key, value in run().items()}
+    second = {key: value.clone() for key, value in run().items()}
+    assert _residual_draws_of_two_calls(first, second, p, q) > SIGNIFICANCE
+    reused = run_reference(rounds_fp32), run_reference(rounds_fp32)
+    assert _residual_draws_of_two_calls(*reused, p, q) < SIGNIFICANCE

@@ -184,3 +184,67 @@ def test_torch_eager_fast_mode_draws_its_own_randomness():
     k = out["accepted_lengths"]
     assert bool(((k >= 0) & (k <= 4)).all())
     assert torch.equal(out["output_tokens"].gather(1, k[:, None]).squeeze(1), out["next_tokens"])
+
+
+# --- the input contract: degenerate rows and out-of-range tokens (sdbench.ops.input_contract) ----
+def _bonus_race(bonus_row, noise):
+    """All-accepted sequence (p = q = 1 at draft 0) racing on bonus_row."""
+    vocab = len(bonus_row)
+    p = torch.zeros(1, 2, vocab)
+    p[0, 0, 0] = 1.0
+    p[0, 1] = torch.tensor(bonus_row)
+    q = torch.zeros(1, 1, vocab)
+    q[0, 0, 0] = 1.0
+    out = reference.prob_verify(torch.tensor([[0]]), p, q, torch.tensor([[0.5]]), torch.tensor([noise]))
+    assert out["accepted_lengths"].tolist() == [1]
+    return out["next_tokens"].item()
+
+
+@pytest.mark.parametrize("value", [-0.5, -0.0, 0.0, float("nan"), float("-inf")])
+def test_a_bonus_row_without_positive_mass_draws_the_smallest_noise(value):
+    # tier 3: every column by 1 / E; the smallest E (column 2) wins, never a padding id == V
+    assert _bonus_race([value] * 4, [1.0, 0.7, 0.2, 0.9]) == 2
+
+
+def test_negative_keys_order_by_value_not_by_bits():
+    # the Triton packing once ordered negative keys by their bit patterns (reversed): -E with the
+    # largest E won. Here the largest E is column 0 and the smallest column 3.
+    assert _bonus_race([-1.0] * 4, [5.0, 2.0, 1.5, 0.1]) == 3
+
+
+def test_positive_mass_beats_the_degenerate_tiers():
+    assert _bonus_race([-1.0, float("nan"), 1e-30, -0.0], [0.1, 0.1, 50.0, 0.1]) == 2
+    assert _bonus_race([0.1, float("inf"), 0.2, float("inf")], [1.0, 3.0, 1.0, 1.0]) == 1  # inf ties: first index
+
+
+def test_rejected_row_without_residual_or_target_mass_draws_the_smallest_noise():
+    # p = 0 at the draft (rejected); p all negative on that row: no w > 0, no p > 0
+    out = _run([[0]], [[-0.25] * 4, [1, 0, 0, 0]], [Q_UNIFORM], [[0.3]], [[1.0, 0.5, 2.0, 0.6]])
+    assert out["accepted_lengths"].tolist() == [0]
+    assert out["next_tokens"].tolist() == [1]
+
+
+def test_out_of_range_tokens_are_rejected_and_flagged():
+    # V = 4; tokens 40 and -3 (the issue's example, which used to raise in the reference's gather)
+    out = _run(
+        draft_tokens=[[0, 40], [-3, 1], [0, 1]],
+        p_rows=P_ROWS, q_rows=[Q_UNIFORM, Q_UNIFORM],
+        uniforms=[[0.0, 0.0], [0.0, 0.0], [0.99, 0.99]], noise=[[1.0] * 4] * 3, intermediates=True,
+    )
+    assert out["accepted_lengths"].tolist() == [1, 0, 2]  # rejected at the bad position even with u = 0
+    assert out["error_flags"].tolist() == [1, 1, 0]
+    assert out["error_flags"].dtype == torch.int32
+    assert out["accept_probs"][0, 1].item() == 0.0 and out["accept_probs"][1, 0].item() == 0.0
+    assert bool(((out["output_tokens"] >= -1) & (out["output_tokens"] < 4)).all())
+    # the race at the bad position's row is the ordinary residual race: seq 0 at row 1, p_1 - q
+    assert out["next_tokens"].tolist()[0] == 1
+
+
+def test_check_error_flags_raises_with_the_sequences():
+    from sdbench.errors import SdbenchError
+    from sdbench.ops.input_contract import check_error_flags
+
+    check_error_flags({"error_flags": torch.zeros(3, dtype=torch.int32)})
+    check_error_flags({"accepted_lengths": torch.zeros(3)})  # outputs without flags pass
+    with pytest.raises(SdbenchError, match=r"1 sequence\(s\) \(2\).*draft token outside"):
+        check_error_flags({"error_flags": torch.tensor([0, 0, 1], dtype=torch.int32)})

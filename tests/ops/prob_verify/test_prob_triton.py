@@ -11,6 +11,7 @@ checked in the same subprocess. Sizes stay small: the interpreter runs ~10-30 ms
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -34,13 +35,17 @@ PARITY_CONFIGS = {
     "all_accepted": VerifyConfig(3, 5, 1.0, vocab_size=100, seed=5),
     "early_rejections": VerifyConfig(3, 5, 0.0, vocab_size=100, seed=6),
 }
-FAST_CASES = ("fused_fast_is_deterministic", "fused_fast_leaves_scratch_clean", "fused_fast_equals_flashspec_fast",
+FAST_CASES = ("fused_fast_advances_and_reproduces", "fused_fast_leaves_scratch_clean", "fused_fast_equals_flashspec_fast",
               "fast_offset_changes_tokens", "fused_fast_bf16_logprobs_is_well_formed",
               "fused_fast_tokens_do_not_depend_on_the_plan", "fused_plan_rule", "fused_launch_takes_tritons_path_when_interpreted")
 DEGENERATE_CASES = tuple(f"degenerate_residual_{name}" for name in TRITON_IMPLS)
 SPLIT_DEGENERATE_CASES = tuple(f"degenerate_residual_split_{name}" for name in TRITON_IMPLS)
+BAD_INPUT_CASES = (tuple(f"bad_tokens_{name}_{dtype}" for name in TRITON_IMPLS for dtype in ("int64", "int32"))
+                   + tuple(f"degenerate_rows_{name}" for name in TRITON_IMPLS)
+                   + ("flashspec_fast_advances_and_reproduces", "bad_tokens_fast_are_flagged_and_in_range",
+                      "degenerate_rows_fast_stay_in_range"))
 CASES = (tuple(f"parity_{name}_{config}" for name in TRITON_IMPLS for config in PARITY_CONFIGS) + FAST_CASES
-         + DEGENERATE_CASES + SPLIT_DEGENERATE_CASES)
+         + DEGENERATE_CASES + SPLIT_DEGENERATE_CASES + BAD_INPUT_CASES)
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -61,23 +66,82 @@ def test_triton_kernel_under_interpreter(verdicts, case):
     assert verdicts[case] is None, verdicts[case]
 
 
-def test_triton_on_cpu_without_interpreter_says_why(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    if "sdbench.ops.prob_verify.triton_kernels" in sys.modules:
-        pytest.skip("the kernels were loaded in this process")
-    for name in TRITON_IMPLS:
-        reason = registry.get("prob_verify", name).unavailable_reason("cpu")
+def test_triton_on_cpu_without_interpreter_says_why():
+    """In a fresh process without TRITON_INTERPRET (the suite itself may run with it set, and the
+    probe reads it once, at import)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    script = ("import json; from sdbench import registry; "
+              f"print(json.dumps([registry.get('prob_verify', n).unavailable_reason('cpu') for n in {TRITON_IMPLS!r}]))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for reason in json.loads(done.stdout.strip().splitlines()[-1]):
         assert reason and ("TRITON_INTERPRET" in reason or "not installed" in reason), reason
 
 
-def test_flashinfer_chain_is_optional_with_a_reason():
-    impl = registry.get("prob_verify", "flashinfer_chain")
+@pytest.mark.parametrize("name", ["flashinfer_chain", "flashinfer_chain+adapter"])
+def test_flashinfer_chain_is_optional_with_a_reason(name):
+    impl = registry.get("prob_verify", name)
     assert impl.unavailable_reason("cpu")
     if not torch.cuda.is_available():
         assert impl.unavailable_reason("cuda") == "needs a CUDA device"
 
 
+def test_flashinfer_source_names_the_include_folder(monkeypatch, tmp_path):
+    from sdbench.ops.prob_verify import flashinfer_impls
+
+    monkeypatch.setattr(flashinfer_impls, "_package_reason", lambda: "flashinfer is not installed")
+    monkeypatch.delenv(flashinfer_impls.INCLUDE_ENV, raising=False)
+    assert flashinfer_impls.flashinfer_source().startswith("none: flashinfer is not installed")
+    monkeypatch.setenv(flashinfer_impls.INCLUDE_ENV, str(tmp_path))
+    assert "holds no flashinfer/sampling.cuh" in flashinfer_impls.flashinfer_source()
+    (tmp_path / "flashinfer").mkdir()
+    (tmp_path / "flashinfer" / "sampling.cuh").write_text("// header")
+    assert flashinfer_impls.flashinfer_source() == f"JIT build of flashinfer/sampling.cuh from SDBENCH_FLASHINFER_INCLUDE={tmp_path}"
+
+
 # --- the interpreter run -----------------------------------------------------------------------
+def bad_token_workload(token_dtype: str):
+    """V=37 (3 fused chunks of 16 under the interpreter, the last with padding), γ=3: sequence 0 has
+    token 40 at position 1, sequence 1 has -3 at position 0, sequence 3 has 37 (= V) last; sequence 2
+    is clean. The issue's case: the kernels used to read p and q at those ids."""
+    from sdbench.ops.prob_verify.workload import make_prob_workload
+
+    w = make_prob_workload(VerifyConfig(4, 3, 0.9, vocab_size=37, token_dtype=token_dtype, seed=21))
+    tokens = w.draft_tokens.clone()
+    tokens[0, 1], tokens[1, 0], tokens[3, 2] = 40, -3, 37
+    return dataclasses.replace(w, draft_tokens=tokens)
+
+
+def degenerate_rows_workload():
+    """One sequence per degenerate row of the input contract (reference.prob_race), V=37, γ=1.
+    Sequences 0-5 accept their draft (p = q = 1 at it) and race on a degenerate bonus row: all -0.5,
+    all -0.0, all 0, all NaN, +inf at two columns, negative but one tiny positive entry. Sequences
+    6-8 reject (p = 0 at the draft) and race on a row where p - q has no positive entry: p all 0,
+    p negative, p NaN."""
+    from sdbench.ops.prob_verify.workload import ProbWorkload
+
+    vocab, batch = 37, 9
+    p = torch.zeros(batch, 2, vocab)
+    q = torch.zeros(batch, 1, vocab)
+    tokens = torch.tensor([[5], [6], [7], [8], [9], [10], [11], [12], [13]])
+    for b in range(6):
+        p[b, 0, tokens[b, 0]] = 1.0
+        q[b, 0, tokens[b, 0]] = 1.0
+    p[0, 1], p[1, 1], p[3, 1] = -0.5, -0.0, float("nan")
+    p[4, 1, [3, 30]] = float("inf")
+    p[5, 1] = -1.0
+    p[5, 1, 33] = 1e-30
+    q[6:, 0] = 1.0 / vocab
+    p[7, 0], p[8, 0] = -0.25, float("nan")
+    gen = torch.Generator().manual_seed(5)
+    uniforms = torch.rand((batch, 1), generator=gen)
+    noise = torch.empty((batch, vocab)).exponential_(generator=gen).clamp_min_(torch.finfo(torch.float32).tiny)
+    return ProbWorkload(config=VerifyConfig(batch, 1, vocab_size=vocab, seed=23), draft_tokens=tokens,
+                        target_probs=p, draft_probs=q, uniforms=uniforms, exponential_noise=noise,
+                        realised_acceptance=float("nan"))
+
+
 def _run_cases() -> dict[str, str | None]:
     from sdbench import parity
     from sdbench.ops.prob_verify.workload import make_prob_workload, prob_workload_from_distributions
@@ -102,11 +166,23 @@ def _run_cases() -> dict[str, str | None]:
     def snapshot(run):
         return {key: value.clone() for key, value in run().items()}
 
+    def advances_and_reproduces(impl):
+        """Each call advances the device-side offset by one: call 2 of a run draws what a fresh run
+        from offset + 1 draws, and differs from call 1; a fresh run from the same offset repeats call 1."""
+        run = impl.prepare(fast)
+        first, second = snapshot(run), snapshot(run)
+        fresh = snapshot(impl.prepare(fast))
+        next_offset = snapshot(impl.prepare(fast.with_randomness("fast", offset=fast.offset + 1)))
+        if torch.equal(first["output_tokens"], second["output_tokens"]):
+            return f"two consecutive calls drew the same tokens: {first['output_tokens'].tolist()}"
+        if not all(torch.equal(first[k], fresh[k]) for k in first):
+            return f"same seed and offset, different tokens: {first['output_tokens']} vs {fresh['output_tokens']}"
+        if not all(torch.equal(second[k], next_offset[k]) for k in first):
+            return f"call 2 {second['output_tokens'].tolist()} != offset+1 {next_offset['output_tokens'].tolist()}"
+        return None
+
     def deterministic():
-        run = fused.prepare(fast)
-        first, second, fresh = snapshot(run), snapshot(run), snapshot(fused.prepare(fast))
-        same = all(torch.equal(first[k], second[k]) and torch.equal(first[k], fresh[k]) for k in first)
-        return None if same else f"tokens changed between launches: {first['output_tokens']} vs {second['output_tokens']}"
+        return advances_and_reproduces(fused)
 
     def scratch_clean():
         from sdbench.ops.prob_verify import triton_kernels as prob_triton
@@ -196,6 +272,34 @@ def _run_cases() -> dict[str, str | None]:
               interpreted_launch)
     for case, check in zip(FAST_CASES, checks, strict=True):
         record(case, check)
+
+    record("flashspec_fast_advances_and_reproduces", lambda: advances_and_reproduces(flashspec))
+    for name in TRITON_IMPLS:
+        impl = registry.get("prob_verify", name)
+        for dtype in ("int64", "int32"):
+            bad = bad_token_workload(dtype)
+            record(f"bad_tokens_{name}_{dtype}", lambda impl=impl, bad=bad: parity.check(impl, bad))
+        record(f"degenerate_rows_{name}", lambda impl=impl: parity.check(impl, degenerate_rows_workload()))
+
+    def bad_tokens_fast():
+        for impl in (fused, flashspec):
+            out = snapshot(impl.prepare(bad_token_workload("int64").with_randomness("fast")))
+            want = torch.tensor([1, 1, 0, 1], dtype=torch.int32)
+            if not torch.equal(out["error_flags"], want):
+                return f"{impl.name}: error_flags {out['error_flags'].tolist()} != {want.tolist()}"
+            if not bool(((out["next_tokens"] >= 0) & (out["next_tokens"] < 37)).all()):
+                return f"{impl.name}: next token outside [0, 37): {out['next_tokens'].tolist()}"
+        return None
+
+    def degenerate_fast():
+        for impl in (fused, flashspec):
+            out = snapshot(impl.prepare(degenerate_rows_workload().with_randomness("fast")))
+            if not bool(((out["next_tokens"] >= 0) & (out["next_tokens"] < 37)).all()):
+                return f"{impl.name}: next token outside [0, 37): {out['next_tokens'].tolist()}"
+        return None
+
+    record("bad_tokens_fast_are_flagged_and_in_range", bad_tokens_fast)
+    record("degenerate_rows_fast_stay_in_range", degenerate_fast)
 
     # A rejected row where p <= q everywhere (q unnormalised): no residual mass, the race falls back to p.
     p = torch.zeros(8, 2, 8)

@@ -1,0 +1,485 @@
+// Single-pass verify-and-pack (`fused_scan`) and pack (`pack_scan`): one launch, no grid barrier, no
+// reset launch, at every batch size. Design, predictions and measurements: docs/perf-notes.md
+// ("Single-pass scan").
+//
+// Grid: one block of kThreads = 256 threads per tile. A tile is `seqs_per_tile` consecutive sequences
+// (small slabs) or one chunk of `chunk_bytes` of one sequence (large slabs: a sequence's rows are spread
+// over several blocks), sized by tile_shape so the grid is about four waves of blocks (one sequence per
+// block at small work, up to 256 KiB of worst-case KV per block at large), so b=1 and b=65,536 both fill
+// the GPU. A block:
+//   1. takes a ticket (one 64-bit atomicAdd on state[0] = epoch << 32 | ticket): the ticket is its tile
+//      (blocks that started earlier hold earlier tiles, so a look-back never waits on a block that
+//      may not be resident), the high word is this launch's epoch. The block that takes the last
+//      ticket writes (epoch + 1) << 32: the next launch on the stream starts at ticket 0, one epoch on,
+//      without a reset launch and without the host (CUDA-graph replays advance it on the device);
+//   2. finds its sequences' accepted lengths (fused: warp ballots, ceil-pow2(γ) lanes per sequence for
+//      γ <= 32, one warp per sequence above; pack: loads them, clamped to [0, γ]) and scans them in
+//      shared memory; chunk 0 of a group publishes the group's sum (flag AGGREGATE, or INCLUSIVE for
+//      group 0) in its status word, which carries the epoch, so words of earlier launches read as
+//      "not yet";
+//   3. issues the loads of its accepted KV (kUnroll 16-byte vectors per thread): sources do not depend
+//      on the prefix, so they are in flight during the look-back;
+//   4. warp 0 looks back (Merrill & Garland 2016): lane i reads the status of group g-1-i, and the sum
+//      up to the nearest INCLUSIVE word is this group's exclusive prefix; chunk 0 publishes INCLUSIVE;
+//   5. stores the vectors at prefix * row_bytes + (chunk) + offset; chunk 0 writes packed_offsets and,
+//      fused, the verify outputs.
+// Status words are one 64-bit value each (epoch:30 | flag:2 | value:32), read and written with
+// relaxed 64-bit accesses, so no fence orders them against other data.
+// Shared memory: 4 KiB of lengths (kMaxTileSeqs ints) + 32 words; registers: see tests/test_csrc_compile.py.
+//
+// The state (scan_state_elems() = 1 + kScanMaxGroups int64) is zeroed once by its owner and then reused by every launch in
+// stream order; two launches that may overlap (different streams, parallel graph branches) need two
+// states. The epoch field of a status word has 30 bits: a stale word could only be mistaken after
+// 2^30 launches on one state without that group being written.
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "common.cuh"  // TokenType only; the device helpers below are this file's own
+
+namespace sdbench {
+
+// Mirrored in sdbench/ops/verify_pack/scan_impls.py (SCAN_STATE_ELEMS = 1 + kScanMaxGroups, SCAN_MAX_BATCH).
+constexpr int64_t kScanMaxGroups = 65536;  // status words: sequence groups in one launch
+constexpr int64_t kScanMaxTileSeqs = 1024;  // sequences per group (shared-memory lengths)
+constexpr int64_t kScanMaxBatch = kScanMaxGroups * kScanMaxTileSeqs;
+
+// Host API (declared again in bindings.cpp). scan_state: int64 [scan_state_elems()], zeroed once.
+int64_t scan_state_elems() { return 1 + kScanMaxGroups; }
+int64_t scan_max_batch() { return kScanMaxBatch; }
+cudaError_t launch_fused_scan(TokenType token_type, const void* draft_tokens, const void* target_tokens,
+                              const void* draft_kv, int64_t* accepted_lengths, bool* has_mismatch, void* next_tokens,
+                              void* packed_kv, int64_t* packed_offsets, int64_t batch, int64_t gamma,
+                              int64_t row_bytes, int64_t* scan_state, cudaStream_t stream);
+cudaError_t launch_pack_scan(const void* draft_kv, const int64_t* accepted_lengths, void* packed_kv,
+                             int64_t* packed_offsets, int32_t* error_flags, int64_t batch, int64_t gamma,
+                             int64_t row_bytes, int64_t* scan_state, cudaStream_t stream);
+
+namespace scan {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 4;  // 64 registers a thread: four blocks (32 warps) resident per SM
+constexpr int kWarps = kThreads / 32;
+// 16-byte loads each thread keeps in flight: 256 * 8 * 16 B = 32 KiB per block per memory round trip,
+// 128 KiB per SM at four resident blocks (~4 MB over 132 SMs: HBM's bandwidth-latency product).
+constexpr int kUnroll = 8;
+constexpr int64_t kTileBytes = int64_t{kThreads} * kUnroll * 16;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+constexpr unsigned kAggregate = 1, kInclusive = 2;
+constexpr unsigned kEpochMask = (1u << 30) - 1;
+
+__device__ __forceinline__ unsigned long long pack_status(unsigned epoch, unsigned flag, unsigned value) {
+  return (static_cast<unsigned long long>(epoch & kEpochMask) << 34) | (static_cast<unsigned long long>(flag) << 32) |
+         value;
+}
+__device__ __forceinline__ unsigned status_flag(unsigned long long word) { return (word >> 32) & 3u; }
+__device__ __forceinline__ unsigned status_epoch(unsigned long long word) { return static_cast<unsigned>(word >> 34); }
+__device__ __forceinline__ unsigned status_value(unsigned long long word) { return static_cast<unsigned>(word); }
+
+__device__ __forceinline__ unsigned long long load_relaxed(const unsigned long long* address) {
+  unsigned long long value;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+  return value;
+}
+__device__ __forceinline__ void store_relaxed(unsigned long long* address, unsigned long long value) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+}
+
+struct TileShape {
+  int64_t batch, gamma, row_bytes;
+  int64_t slab_bytes;   // gamma * row_bytes: one sequence's draft KV
+  int64_t chunk_bytes;  // bytes of a sequence one block copies (slab_bytes when chunks_per_seq == 1)
+  int seqs_per_tile;    // > 1 only when chunks_per_seq == 1
+  int chunks_per_seq;
+};
+
+// ---- lengths ----------------------------------------------------------------------------------------
+// k = first position where draft != target (gamma when none), one warp; see dev::warp_accepted_length.
+template <typename T>
+__device__ __forceinline__ int warp_accepted_length(const T* __restrict__ draft_row, const T* __restrict__ target_row,
+                                                    int gamma, int lane) {
+  constexpr int kChunksInFlight = 4;
+  int accepted = gamma;
+  for (int base = 0; base < gamma; base += kChunksInFlight * 32) {
+    bool mismatch[kChunksInFlight];
+#pragma unroll
+    for (int c = 0; c < kChunksInFlight; ++c) {
+      const int pos = base + c * 32 + lane;
+      mismatch[c] = pos < gamma && __ldg(draft_row + pos) != __ldg(target_row + pos);
+    }
+#pragma unroll
+    for (int c = 0; c < kChunksInFlight; ++c) {
+      const unsigned ballot = __ballot_sync(kFullMask, mismatch[c]);
+      if (ballot != 0u && accepted == gamma) accepted = base + c * 32 + __ffs(ballot) - 1;
+    }
+  }
+  return accepted;
+}
+
+// fused: verifies sequences [seq0, seq0 + count) into s_len; `writer` also writes the verify outputs.
+template <typename T>
+struct VerifiedLengths {
+  const T* draft_tokens;
+  const T* target_tokens;
+  int64_t* accepted_lengths;
+  bool* has_mismatch;
+  T* next_tokens;
+
+  __device__ __forceinline__ void verdict(int64_t seq, int accepted, int gamma) const {
+    accepted_lengths[seq] = accepted;
+    has_mismatch[seq] = accepted < gamma;
+    next_tokens[seq] = target_tokens[seq * (gamma + 1) + accepted];
+  }
+
+  __device__ void fill(int* s_len, int64_t seq0, int count, int gamma, bool writer) const {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (gamma <= 32) {
+      // ceil-pow2(gamma) lanes per sequence, 32 / width sequences per ballot: at gamma=8 a warp
+      // verifies four sequences in one load and one ballot.
+      const int width = gamma == 1 ? 1 : 1 << (32 - __clz(gamma - 1));
+      const int per_warp = 32 / width, sub = lane / width, pos = lane % width;
+      const unsigned segment = width == 32 ? kFullMask : (1u << width) - 1u;
+      for (int base = warp * per_warp; base < count; base += kWarps * per_warp) {  // warp-uniform
+        const int local = base + sub;
+        bool mismatch = false;
+        if (local < count && pos < gamma) {
+          const int64_t seq = seq0 + local;
+          mismatch = __ldg(draft_tokens + seq * gamma + pos) != __ldg(target_tokens + seq * (gamma + 1) + pos);
+        }
+        const unsigned mine = (__ballot_sync(kFullMask, mismatch) >> (sub * width)) & segment;
+        if (local < count && pos == 0) {
+          const int accepted = mine != 0u ? __ffs(mine) - 1 : gamma;
+          s_len[local] = accepted;
+          if (writer) verdict(seq0 + local, accepted, gamma);
+        }
+      }
+    } else {
+      for (int local = warp; local < count; local += kWarps) {
+        const int64_t seq = seq0 + local;
+        const int accepted = warp_accepted_length(draft_tokens + seq * gamma, target_tokens + seq * (gamma + 1),
+                                                  gamma, lane);
+        if (lane == 0) {
+          s_len[local] = accepted;
+          if (writer) verdict(seq, accepted, gamma);
+        }
+      }
+    }
+  }
+};
+
+// pack: the caller's lengths, clamped to [0, gamma] so a bad length cannot read or write out of bounds;
+// the writer (chunk 0 of the tile) flags every length it clamped (sdbench/ops/input_contract.py).
+constexpr int32_t kLengthOutOfRange = 2;  // mirrors input_contract.LENGTH_OUT_OF_RANGE
+
+struct GivenLengths {
+  const int64_t* accepted_lengths;
+  int32_t* error_flags;  // [B] or nullptr
+  __device__ void fill(int* s_len, int64_t seq0, int count, int gamma, bool writer) const {
+    for (int local = threadIdx.x; local < count; local += kThreads) {
+      const int64_t length = __ldg(accepted_lengths + seq0 + local);
+      const int64_t clamped = min(max(length, int64_t{0}), static_cast<int64_t>(gamma));
+      s_len[local] = static_cast<int>(clamped);
+      if (writer && error_flags != nullptr) error_flags[seq0 + local] = clamped == length ? 0 : kLengthOutOfRange;
+    }
+  }
+};
+
+// In-place inclusive scan of count <= kScanMaxTileSeqs ints: each thread scans a run of
+// ceil(count / kThreads) values, the run totals are scanned across the block. Ends with a barrier.
+__device__ void block_inclusive_scan(int* data, int count, int* s_warp_totals) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int per_thread = (count + kThreads - 1) / kThreads;
+  const int begin = min(static_cast<int>(threadIdx.x) * per_thread, count), end = min(begin + per_thread, count);
+  int run = 0;
+  for (int i = begin; i < end; ++i) run += data[i];
+  int inclusive = run;
+#pragma unroll
+  for (int delta = 1; delta < 32; delta <<= 1) {
+    const int up = __shfl_up_sync(kFullMask, inclusive, delta);
+    if (lane >= delta) inclusive += up;
+  }
+  if (lane == 31) s_warp_totals[warp] = inclusive;
+  __syncthreads();
+  int running = inclusive - run;
+  for (int w = 0; w < warp; ++w) running += s_warp_totals[w];
+  for (int i = begin; i < end; ++i) {
+    running += data[i];
+    data[i] = running;
+  }
+  __syncthreads();
+}
+
+// ---- look-back ----------------------------------------------------------------------------------------
+// Warp 0 only. The exclusive prefix of `group`: lane i reads group - 1 - i - 32j; the sum up to the
+// nearest INCLUSIVE word (groups before 0 count as an INCLUSIVE zero). Every earlier group's block has
+// started (tickets), and publishes its AGGREGATE before it waits on anything, so the spin ends.
+__device__ int64_t look_back(const unsigned long long* status, int64_t group, unsigned epoch) {
+  const int lane = threadIdx.x % 32;
+  int64_t prefix = 0;
+  for (int64_t newest = group - 1;; newest -= 32) {
+    const int64_t other = newest - lane;
+    unsigned long long word = 0;
+    bool ready = other < 0;
+    while (!__all_sync(kFullMask, ready)) {
+      if (!ready) {
+        word = load_relaxed(status + other);
+        ready = status_flag(word) != 0u && status_epoch(word) == (epoch & kEpochMask);
+      }
+      if (!__all_sync(kFullMask, ready)) __nanosleep(32);
+    }
+    const bool inclusive = other < 0 || status_flag(word) == kInclusive;
+    const unsigned inclusive_lanes = __ballot_sync(kFullMask, inclusive);
+    const int last = inclusive_lanes != 0u ? __ffs(inclusive_lanes) - 1 : 31;
+    int64_t value = (other >= 0 && lane <= last) ? static_cast<int64_t>(status_value(word)) : 0;
+#pragma unroll
+    for (int delta = 16; delta > 0; delta >>= 1) value += __shfl_xor_sync(kFullMask, value, delta);
+    prefix += value;
+    if (inclusive_lanes != 0u) return prefix;
+  }
+}
+
+// ---- the copy -----------------------------------------------------------------------------------------
+// The block's bytes are one flat run [0, tile_bytes): a chunk of one sequence (seqs_per_tile == 1), or
+// the accepted rows of its sequences back to back (chunks_per_seq == 1), whose destination is then
+// contiguous. Unit u's sequence is found by binary search over the scanned row ends in shared memory.
+template <typename V>
+struct TileCopy {
+  const char* draft_kv;
+  char* packed_kv;
+  const int* s_row_end;  // inclusive row ends of the tile's sequences
+  int64_t first_seq, source_chunk, tile_units;
+  int count;
+  int64_t slab_bytes, row_bytes;
+
+  __device__ __forceinline__ int64_t source_of(int64_t byte) const {
+    int left = 0;
+    if (count > 1) {
+      int right = count - 1;
+      while (left < right) {
+        const int mid = (left + right) / 2;
+        if (static_cast<int64_t>(s_row_end[mid]) * row_bytes > byte) right = mid; else left = mid + 1;
+      }
+    }
+    const int64_t seq_begin = left == 0 ? 0 : static_cast<int64_t>(s_row_end[left - 1]) * row_bytes;
+    return (first_seq + left) * slab_bytes + source_chunk + (byte - seq_begin);
+  }
+
+  __device__ __forceinline__ void load(V (&word)[kUnroll], int64_t base) const {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t unit = base + u * kThreads + threadIdx.x;
+      if (unit < tile_units) {
+        word[u] = __ldg(reinterpret_cast<const V*>(draft_kv + source_of(unit * int64_t{sizeof(V)})));
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(const V (&word)[kUnroll], int64_t base, int64_t destination) const {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t unit = base + u * kThreads + threadIdx.x;
+      if (unit < tile_units) *reinterpret_cast<V*>(packed_kv + destination + unit * int64_t{sizeof(V)}) = word[u];
+    }
+  }
+};
+
+template <typename Lengths, typename V>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    scan_pack_kernel(Lengths lengths, const char* __restrict__ draft_kv, char* __restrict__ packed_kv,
+                     int64_t* __restrict__ packed_offsets, unsigned long long* scan_state, TileShape shape,
+                     bool writes_verdict) {
+  __shared__ int s_row_end[kScanMaxTileSeqs];
+  __shared__ int s_warp_totals[kWarps];
+  __shared__ unsigned long long s_ticket;
+  __shared__ int64_t s_prefix;
+
+  if (threadIdx.x == 0) {
+    const unsigned long long taken = atomicAdd(scan_state, 1ull);
+    if ((taken & 0xffffffffull) == gridDim.x - 1u) atomicExch(scan_state, ((taken >> 32) + 1ull) << 32);
+    s_ticket = taken;
+  }
+  __syncthreads();
+  const unsigned epoch = static_cast<unsigned>(s_ticket >> 32);
+  const int64_t ticket = static_cast<int64_t>(s_ticket & 0xffffffffull);
+  const int64_t group = ticket / shape.chunks_per_seq, chunk = ticket % shape.chunks_per_seq;
+  const int64_t first_seq = group * shape.seqs_per_tile;
+  const int count = static_cast<int>(min(static_cast<int64_t>(shape.seqs_per_tile), shape.batch - first_seq));
+  const int gamma = static_cast<int>(shape.gamma);
+  const bool publisher = chunk == 0;
+  unsigned long long* status = scan_state + 1;
+
+  lengths.fill(s_row_end, first_seq, count, gamma, publisher && writes_verdict);
+  __syncthreads();
+  block_inclusive_scan(s_row_end, count, s_warp_totals);
+  const int64_t tile_rows = s_row_end[count - 1];
+  if (publisher && threadIdx.x == 0) {
+    store_relaxed(status + group, pack_status(epoch, group == 0 ? kInclusive : kAggregate,
+                                              static_cast<unsigned>(tile_rows)));
+  }
+
+  const int64_t source_chunk = chunk * shape.chunk_bytes;
+  const int64_t tile_bytes = shape.seqs_per_tile == 1
+                                 ? min(max(tile_rows * shape.row_bytes - source_chunk, int64_t{0}), shape.chunk_bytes)
+                                 : tile_rows * shape.row_bytes;
+  if (!publisher && tile_bytes == 0) return;  // a chunk past this sequence's accepted rows
+
+  const TileCopy<V> copy{draft_kv, packed_kv, s_row_end, first_seq, source_chunk,
+                         tile_bytes / static_cast<int64_t>(sizeof(V)), count, shape.slab_bytes, shape.row_bytes};
+  V word[kUnroll];
+  copy.load(word, 0);  // in flight during the look-back
+
+  if (threadIdx.x < 32) {
+    const int64_t prefix = group == 0 ? 0 : look_back(status, group, epoch);
+    if (threadIdx.x == 0) {
+      s_prefix = prefix;
+      if (publisher && group != 0) {
+        store_relaxed(status + group, pack_status(epoch, kInclusive, static_cast<unsigned>(prefix + tile_rows)));
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t prefix = s_prefix;
+  if (publisher) {
+    for (int local = threadIdx.x; local < count; local += kThreads) {
+      packed_offsets[first_seq + local] = prefix + (local == 0 ? 0 : s_row_end[local - 1]);
+    }
+  }
+  const int64_t destination = prefix * shape.row_bytes + source_chunk;
+  copy.store(word, 0, destination);
+  for (int64_t base = kThreads * kUnroll; base < copy.tile_units; base += kThreads * kUnroll) {
+    copy.load(word, base);
+    copy.store(word, base, destination);
+  }
+}
+
+// ---- host ---------------------------------------------------------------------------------------------
+// Tile size: a few waves of blocks over the GPU. Small work gets one sequence per block (every SM
+// verifies and copies; a block of 32 sequences on one SM was 1.3x slower than fused at b = 32); large
+// work gets tiles of up to kMaxTileBytes of worst-case KV, so each block's fixed cost (ticket, scan,
+// look-back) is paid over more accepted bytes (a 32 KiB tile moves ~10 KiB at alpha = 0.3, and was
+// 1.4x slower than the two-step pipeline at b = 65,536). Shapes only: no data, no sync.
+constexpr int kWavesOfBlocks = 4;
+constexpr int64_t kMaxTileBytes = 8 * kTileBytes;  // 8 copy rounds of 32 KiB per block at most
+constexpr int64_t kLookBackGroups = 256;          // sequence groups, where tiles allow
+
+int multiprocessor_count() {
+  static int cached[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 132;
+  if (device < 0 || device >= 64) return 132;
+  if (cached[device] == 0) {
+    int count = 0;
+    cached[device] = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && count > 0
+                         ? count : 132;
+  }
+  return cached[device];
+}
+
+TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms) {
+  TileShape shape{batch, gamma, row_bytes, gamma * row_bytes, gamma * row_bytes, 1, 1};
+  const int64_t target_blocks = int64_t{sms} * kBlocksPerSm * kWavesOfBlocks;
+  const int64_t total_bytes = batch * shape.slab_bytes;
+  int64_t tile_bytes = (total_bytes + target_blocks - 1) / target_blocks;
+  tile_bytes = tile_bytes < kMaxTileBytes ? tile_bytes : kMaxTileBytes;
+  // chunks are whole copy rounds (multiples of kTileBytes, so of 16 bytes: every chunk starts co-aligned)
+  const int64_t chunk_bytes = tile_bytes <= kTileBytes ? kTileBytes : (tile_bytes + kTileBytes - 1) / kTileBytes * kTileBytes;
+  if (batch <= kScanMaxGroups && shape.slab_bytes > chunk_bytes) {
+    shape.chunk_bytes = chunk_bytes;
+    shape.chunks_per_seq = static_cast<int>((shape.slab_bytes + chunk_bytes - 1) / chunk_bytes);
+    return shape;
+  }
+  int64_t seqs = tile_bytes / shape.slab_bytes;
+  // Few groups where the tiles can stay within kMaxTileBytes: a group's inclusive prefix waits on its
+  // predecessor's, so thousands of tiny tiles make the look-back a serial chain (one sequence per
+  // block at b = 4096, kv_dim 64 took 34 us against 10 us with 64 groups).
+  const int64_t for_chain = (batch + kLookBackGroups - 1) / kLookBackGroups;
+  const int64_t by_bytes = kMaxTileBytes / shape.slab_bytes > 1 ? kMaxTileBytes / shape.slab_bytes : 1;
+  const int64_t chain_seqs = for_chain < by_bytes ? for_chain : by_bytes;
+  seqs = seqs > chain_seqs ? seqs : chain_seqs;
+  const int64_t needed = (batch + kScanMaxGroups - 1) / kScanMaxGroups;
+  seqs = seqs > needed ? seqs : needed;
+  seqs = seqs < 1 ? 1 : (seqs > kScanMaxTileSeqs ? kScanMaxTileSeqs : seqs);
+  shape.seqs_per_tile = static_cast<int>(seqs);
+  return shape;
+}
+
+// The widest unit that divides every offset: row and chunk starts are multiples of row_bytes and 16.
+int unit_bytes(const void* draft_kv, const void* packed_kv, int64_t row_bytes) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(draft_kv) | reinterpret_cast<uintptr_t>(packed_kv) |
+                         static_cast<uintptr_t>(row_bytes);
+  return bits % 16 == 0 ? 16 : (bits % 8 == 0 ? 8 : (bits % 4 == 0 ? 4 : 2));
+}
+
+template <typename Lengths, typename V>
+cudaError_t launch_with(const Lengths& lengths, const void* draft_kv, void* packed_kv, int64_t* packed_offsets,
+                        int64_t* scan_state, const TileShape& shape, bool writes_verdict, cudaStream_t stream) {
+  const int64_t groups = (shape.batch + shape.seqs_per_tile - 1) / shape.seqs_per_tile;
+  const int64_t grid = groups * shape.chunks_per_seq;
+  if (groups > kScanMaxGroups || grid > 0x7fffffff) return cudaErrorInvalidValue;
+  scan_pack_kernel<Lengths, V><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+      lengths, static_cast<const char*>(draft_kv), static_cast<char*>(packed_kv), packed_offsets,
+      reinterpret_cast<unsigned long long*>(scan_state), shape, writes_verdict);
+  return cudaGetLastError();
+}
+
+template <typename Lengths>
+cudaError_t launch_any_unit(const Lengths& lengths, const void* draft_kv, void* packed_kv, int64_t* packed_offsets,
+                            int64_t batch, int64_t gamma, int64_t row_bytes, int64_t* scan_state,
+                            bool writes_verdict, cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  if (batch > kScanMaxBatch || gamma < 1 || row_bytes < 2 || row_bytes % 2 != 0) return cudaErrorInvalidValue;
+  const TileShape shape = tile_shape(batch, gamma, row_bytes, multiprocessor_count());
+  switch (unit_bytes(draft_kv, packed_kv, row_bytes)) {
+    case 16:
+      return launch_with<Lengths, uint4>(lengths, draft_kv, packed_kv, packed_offsets, scan_state, shape,
+                                         writes_verdict, stream);
+    case 8:
+      return launch_with<Lengths, uint2>(lengths, draft_kv, packed_kv, packed_offsets, scan_state, shape,
+                                         writes_verdict, stream);
+    case 4:
+      return launch_with<Lengths, uint32_t>(lengths, draft_kv, packed_kv, packed_offsets, scan_state, shape,
+                                            writes_verdict, stream);
+    default:
+      return launch_with<Lengths, uint16_t>(lengths, draft_kv, packed_kv, packed_offsets, scan_state, shape,
+                                            writes_verdict, stream);
+  }
+}
+
+template <typename T>
+cudaError_t launch_fused_scan_typed(const void* draft_tokens, const void* target_tokens, const void* draft_kv,
+                                    int64_t* accepted_lengths, bool* has_mismatch, void* next_tokens,
+                                    void* packed_kv, int64_t* packed_offsets, int64_t batch, int64_t gamma,
+                                    int64_t row_bytes, int64_t* scan_state, cudaStream_t stream) {
+  const VerifiedLengths<T> lengths{static_cast<const T*>(draft_tokens), static_cast<const T*>(target_tokens),
+                                   accepted_lengths, has_mismatch, static_cast<T*>(next_tokens)};
+  return launch_any_unit(lengths, draft_kv, packed_kv, packed_offsets, batch, gamma, row_bytes, scan_state, true,
+                         stream);
+}
+
+}  // namespace
+}  // namespace scan
+
+cudaError_t launch_fused_scan(TokenType token_type, const void* draft_tokens, const void* target_tokens,
+                              const void* draft_kv, int64_t* accepted_lengths, bool* has_mismatch, void* next_tokens,
+                              void* packed_kv, int64_t* packed_offsets, int64_t batch, int64_t gamma,
+                              int64_t row_bytes, int64_t* scan_state, cudaStream_t stream) {
+  return token_type == TokenType::kInt64
+             ? scan::launch_fused_scan_typed<int64_t>(draft_tokens, target_tokens, draft_kv, accepted_lengths,
+                                                      has_mismatch, next_tokens, packed_kv, packed_offsets, batch,
+                                                      gamma, row_bytes, scan_state, stream)
+             : scan::launch_fused_scan_typed<int32_t>(draft_tokens, target_tokens, draft_kv, accepted_lengths,
+                                                      has_mismatch, next_tokens, packed_kv, packed_offsets, batch,
+                                                      gamma, row_bytes, scan_state, stream);
+}
+
+cudaError_t launch_pack_scan(const void* draft_kv, const int64_t* accepted_lengths, void* packed_kv,
+                             int64_t* packed_offsets, int32_t* error_flags, int64_t batch, int64_t gamma,
+                             int64_t row_bytes, int64_t* scan_state, cudaStream_t stream) {
+  // writes_verdict: the tile's writer writes the error flags (pack has no verify outputs)
+  return scan::launch_any_unit(scan::GivenLengths{accepted_lengths, error_flags}, draft_kv, packed_kv,
+                               packed_offsets, batch, gamma, row_bytes, scan_state, true, stream);
+}
+
+}  // namespace sdbench

@@ -1,0 +1,45 @@
+"""pack in one single-pass launch (csrc/verify_pack_scan.cu): decoupled look-back, no grid barrier.
+
+The kernel keeps its look-back flags and launch epoch in a caller-owned `scan_state`, zeroed once per
+prepared run and reused by every call in stream order (graph replays advance the epoch on the GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sdbench.ops.backends import cuda_ops, cuda_probe, needs_kv
+from sdbench.ops.pack.cuda_impls import pack_outputs
+from sdbench.ops.workload import VerifyConfig, VerifyWorkload
+from sdbench.registry import BufferedRun, Implementation, register
+
+# Mirrors csrc/verify_pack_scan.cu: 1 + kScanMaxGroups status words, kScanMaxGroups * kScanMaxTileSeqs.
+SCAN_MAX_GROUPS = 65536
+SCAN_STATE_ELEMS = 1 + SCAN_MAX_GROUPS
+SCAN_MAX_BATCH = SCAN_MAX_GROUPS * 1024
+
+
+def scan_state(device: torch.device | str) -> torch.Tensor:
+    """A fresh single-pass state: zeroed once here, never reset afterwards (the epoch lives in it)."""
+    return torch.zeros(SCAN_STATE_ELEMS, dtype=torch.int64, device=device)
+
+
+def scan_supports(cfg: VerifyConfig) -> str | None:
+    if cfg.batch_size > SCAN_MAX_BATCH:
+        return f"single-pass scan: needs B <= {SCAN_MAX_BATCH} ({SCAN_MAX_GROUPS} groups of 1024 sequences)"
+    return needs_kv(cfg)
+
+
+def _prepare_pack_scan(w: VerifyWorkload) -> BufferedRun:
+    op = cuda_ops().pack_scan
+    out = pack_outputs(w)
+    args = (w.draft_kv, w.accepted_lengths, out["packed_kv"], out["packed_offsets"], out["error_flags"],
+            scan_state(w.device))
+    return BufferedRun(lambda: op(*args), out)
+
+
+register(Implementation(
+    op="pack", name="pack_scan", backend="cuda", probe=cuda_probe, launches=1, supports=scan_supports,
+    prepare=_prepare_pack_scan,
+    description="single pass: tiles of sequences or row chunks, decoupled look-back with epoch flags, 16-byte copy",
+))

@@ -1,0 +1,22 @@
+"""The definition of ragged greedy verification (eager PyTorch; syncs for repeat_interleave)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def verify_ragged(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
+                  cu_num_draft_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """k_i = first position where request i's draft and target disagree (γ_i when none), for every i."""
+    batch = cu_num_draft_tokens.shape[0]
+    device = draft_tokens.device
+    cu = cu_num_draft_tokens.to(torch.int64)
+    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
+    lengths = cu - starts
+    request = torch.repeat_interleave(torch.arange(batch, device=device), lengths)
+    local = torch.arange(draft_tokens.shape[0], device=device) - starts[request]
+    mismatch = draft_tokens != target_tokens[torch.arange(draft_tokens.shape[0], device=device) + request]
+    first = lengths.clone()
+    first.scatter_reduce_(0, request[mismatch], local[mismatch], reduce="amin", include_self=True)
+    next_tokens = target_tokens[starts + torch.arange(batch, device=device) + first]
+    return {"accepted_lengths": first, "has_mismatch": first < lengths, "next_tokens": next_tokens}

@@ -1,0 +1,264 @@
+"""The single-pass kernels (csrc/verify_pack_scan.cu: fused_scan, pack_scan, ballot+pack_scan) against
+the reference: bit-exact over every tile shape, sync-free, graph replays that advance the launch
+epoch on the GPU, clamped bad lengths, and clean under compute-sanitizer. GPU only.
+
+Tolerance: none. Every output is an integer, a bool or a bit copy of the KV (sdbench.parity.compare),
+with outputs poisoned before every run (sdbench.parity.check).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sdbench import ext, parity, registry
+from sdbench.ops import make_workload
+from sdbench.ops.input_contract import LENGTH_OUT_OF_RANGE
+from sdbench.ops.pack.reference import pack
+from sdbench.ops.pack.scan_impls import SCAN_STATE_ELEMS, scan_state
+from sdbench.ops.workload import VerifyConfig
+
+SCAN_IMPLS = {"verify_pack": ("fused_scan", "ballot+pack_scan"), "pack": ("pack_scan",)}
+DTYPE_PAIRS = (("int64", "float16"), ("int32", "bfloat16"))
+TILE_BYTES = 32 * 1024  # csrc/verify_pack_scan.cu kTileBytes: slabs above it are split over blocks
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built_extension():
+    reason = ext.unavailable_reason()
+    if reason is not None:
+        pytest.fail(f"the CUDA extension must build on a GPU machine: {reason}")
+
+
+def _cfg(index: int, batch: int, gamma: int, alpha: float, kv_dim: int, **extra) -> VerifyConfig:
+    token_dtype, kv_dtype = DTYPE_PAIRS[index % len(DTYPE_PAIRS)]
+    fields = {"token_dtype": token_dtype, "kv_dtype": kv_dtype, "dist": ("binomial", "geometric")[index % 2],
+              "seed": 3000 + index, **extra}
+    return VerifyConfig(batch_size=batch, gamma=gamma, alpha=alpha, kv_dim=kv_dim, **fields)
+
+
+def _cases() -> list[VerifyConfig]:
+    # Tiles of many sequences (small slabs), one sequence (slab ~ 32 KiB), and row chunks of one sequence
+    # (slab > 32 KiB, last chunk partial); γ = 1, below, at and above 32; kv_dim 8 .. 4096.
+    grid = itertools.product((1, 5, 32, 257, 4096), (1, 8, 31, 33, 128), (0.3, 0.9), (8, 120, 1024, 4096))
+    cases = [_cfg(i, b, g, a, kv) for i, (b, g, a, kv) in enumerate(grid)
+             if b * g * kv * 2 <= 2 ** 30]  # 1 GiB of draft KV at most
+    edges = [
+        # B > 65,536 sequence groups' worth: tiles forced above their byte share, looping copies
+        _cfg(0, 65537, 1, 0.5, 4096), _cfg(1, 65537, 3, 0.7, 64), _cfg(2, 65537, 8, 0.9, 8),
+        _cfg(3, 65536, 4, 0.6, 128),
+        # every sequence accepts all / none of its drafts
+        *(_cfg(i, b, g, 0.5, kv, dist="fixed", fixed_length=k)
+          for i, (b, g, kv, k) in enumerate([(1, 8, 128, 8), (1, 8, 128, 0), (300, 33, 1024, 33), (300, 33, 1024, 0),
+                                             (4096, 4, 64, 4), (4096, 4, 64, 0), (3, 128, 4096, 128)])),
+        # units narrower than 16 bytes: rows of 2, 6, 14 bytes (2-byte), 4 (4-byte), 8 and 24 (8-byte)
+        *(_cfg(i, b, g, 0.7, kv) for i, (b, g, kv) in enumerate(itertools.product((3, 33, 700), (5, 33),
+                                                                                  (1, 2, 3, 4, 7, 12)))),
+        # a slab just over one tile: two chunks, the second a single row
+        _cfg(4, 7, TILE_BYTES // 2048 + 1, 1.0, 1024), _cfg(5, 2, 2, 0.9, 16384 + 8),
+    ]
+    return cases + edges
+
+
+def _case_id(cfg: VerifyConfig) -> str:
+    tail = f"-k{cfg.fixed_length}" if cfg.dist == "fixed" else f"-{cfg.dist[:3]}"
+    return f"b{cfg.batch_size}-g{cfg.gamma}-a{cfg.alpha}-kv{cfg.kv_dim}{tail}-{cfg.token_dtype}-{cfg.kv_dtype}"
+
+
+@pytest.mark.parametrize("cfg", _cases(), ids=_case_id)
+def test_single_pass_parity(cfg):
+    failures = {}
+    for op, names in SCAN_IMPLS.items():
+        workload = make_workload(op, cfg, "cuda")
+        for name in names:
+            failure = parity.check(registry.get(op, name), workload)
+            if failure is not None:
+                failures[f"{op}/{name}"] = failure
+        del workload
+    assert failures == {}
+
+
+def test_entries_are_one_launch_and_sync_free():
+    fused = registry.get("verify_pack", "fused_scan")
+    assert (fused.sync, fused.launches) == (False, 1)
+    assert (registry.get("pack", "pack_scan").sync, registry.get("pack", "pack_scan").launches) == (False, 1)
+
+
+def test_pack_scan_clamps_bad_lengths():
+    """Lengths outside [0, γ] are clamped: the rows of the clamped lengths, nothing out of bounds."""
+    cfg = VerifyConfig(64, 8, 0.5, kv_dim=128)
+    w = make_workload("pack", cfg, "cuda")
+    bad = torch.tensor([-5, 9, 3, 1 << 40] * 16, dtype=torch.int64, device="cuda")
+    w.accepted_lengths.copy_(bad)
+    run = registry.get("pack", "pack_scan").prepare(w)
+    parity.poison(run.outputs)
+    actual = run()
+    torch.cuda.synchronize()
+    expected = pack(w.draft_kv, bad)  # the reference clamps and flags by the input contract
+    assert parity.compare(expected, actual) is None
+    assert actual["error_flags"].tolist() == [LENGTH_OUT_OF_RANGE, LENGTH_OUT_OF_RANGE, 0, LENGTH_OUT_OF_RANGE] * 16
+
+
+def test_state_of_the_wrong_size_is_a_clear_error():
+    from sdbench.ops.backends import cuda_ops
+    from sdbench.ops.pack.cuda_impls import pack_outputs
+
+    w = make_workload("pack", VerifyConfig(4, 8, 0.5, kv_dim=8), "cuda")
+    out = pack_outputs(w)
+    small = torch.zeros(SCAN_STATE_ELEMS - 1, dtype=torch.int64, device="cuda")
+    with pytest.raises(RuntimeError, match="scan_state must have shape"):
+        cuda_ops().pack_scan(w.draft_kv, w.accepted_lengths, out["packed_kv"], out["packed_offsets"],
+                             out["error_flags"], small)
+
+
+def test_one_state_serves_different_grids_in_turn():
+    """The last block of every launch resets the ticket: launches of different grid sizes on one state
+    alternate without a reset, and stale flags of earlier launches (other epochs) are never read."""
+    from sdbench.ops.backends import cuda_ops
+    from sdbench.ops.pack.cuda_impls import pack_outputs
+
+    state = scan_state("cuda")
+    configs = [VerifyConfig(4096, 8, 0.6, kv_dim=128, seed=s) for s in range(3)]
+    configs += [VerifyConfig(33, 128, 0.9, kv_dim=2048, seed=7), VerifyConfig(1, 8, 0.9, kv_dim=64, seed=8)]
+    for cfg in configs * 2:
+        w = make_workload("pack", cfg, "cuda")
+        out = pack_outputs(w)
+        parity.poison(out)
+        cuda_ops().pack_scan(w.draft_kv, w.accepted_lengths, out["packed_kv"], out["packed_offsets"],
+                             out["error_flags"], state)
+        torch.cuda.synchronize()
+        assert parity.compare(pack(w.draft_kv, w.accepted_lengths), out) is None, cfg
+    assert int(state[0]) & 0xFFFFFFFF == 0, "the ticket is back at 0 after every launch"
+    assert int(state[0]) >> 32 == 2 * len(configs), "one epoch per launch"
+
+
+# --- sync-free and graph replay ------------------------------------------------------------------------
+# Many groups (look-back chains), row chunks of few sequences, and tiles forced past their byte share.
+STREAM_CASES = [
+    ("verify_pack", "fused_scan", VerifyConfig(4096, 8, 0.6, kv_dim=128)),
+    ("verify_pack", "fused_scan", VerifyConfig(32, 128, 0.9, kv_dim=2048, token_dtype="int32", kv_dtype="bfloat16")),
+    ("verify_pack", "fused_scan", VerifyConfig(65537, 3, 0.7, kv_dim=64)),
+    ("verify_pack", "ballot+pack_scan", VerifyConfig(256, 8, 0.9, kv_dim=1024)),
+    ("pack", "pack_scan", VerifyConfig(4096, 8, 0.6, kv_dim=128)),
+    ("pack", "pack_scan", VerifyConfig(1, 128, 0.9, kv_dim=4096)),
+]
+
+
+def _stream_id(case) -> str:
+    op, name, cfg = case
+    return f"{op}-{name}-b{cfg.batch_size}-g{cfg.gamma}-kv{cfg.kv_dim}"
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=_stream_id)
+def test_runs_under_sync_debug_error(case):
+    op, name, cfg = case
+    workload = make_workload(op, cfg, "cuda")
+    run = registry.get(op, name).prepare(workload)
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        outputs = run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert parity.compare(parity.expected_outputs(op, workload), outputs) is None
+
+
+def _load_inputs(workload, source) -> None:
+    for field in ("draft_tokens", "target_tokens", "accepted_lengths", "draft_kv"):
+        if getattr(workload, field) is not None:
+            getattr(workload, field).copy_(getattr(source, field))
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=_stream_id)
+def test_graph_replays_advance_the_epoch(case):
+    """Replays alternate between two inputs with different lengths: a flag left by the previous replay
+    (same grid, same groups) would hand out that replay's offsets, so each must read only its own."""
+    op, name, cfg = case
+    workload = make_workload(op, cfg, "cuda")
+    first = make_workload(op, cfg.replace(seed=cfg.seed + 1), "cuda")
+    second = make_workload(op, cfg.replace(seed=cfg.seed + 2, alpha=1.0 - cfg.alpha / 2), "cuda")
+    run = registry.get(op, name).prepare(workload)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+
+    for source in (first, second, first, second):
+        _load_inputs(workload, source)
+        parity.poison(run.outputs)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert parity.compare(parity.expected_outputs(op, source), run.outputs) is None
+    snapshot = {key: value.clone() for key, value in run.outputs.items()}
+    graph.replay()  # twice on the same inputs: identical outputs
+    torch.cuda.synchronize()
+    for key, value in snapshot.items():
+        assert torch.equal(run.outputs[key], value), key
+
+
+# --- compute-sanitizer ---------------------------------------------------------------------------------
+SANITIZER_SCRIPT = """
+import sys
+from sdbench import parity, registry
+from sdbench.ops import make_workload
+from sdbench.ops.input_contract import LENGTH_OUT_OF_RANGE
+from sdbench.ops.workload import VerifyConfig
+cases = [
+    ("verify_pack", "fused_scan", VerifyConfig(5, 33, 0.6, kv_dim=7, token_dtype="int32")),
+    ("verify_pack", "fused_scan", VerifyConfig(3, 40, 0.9, kv_dim=1024)),
+    ("verify_pack", "fused_scan", VerifyConfig(20000, 2, 0.6, kv_dim=64)),
+    ("verify_pack", "ballot+pack_scan", VerifyConfig(33, 8, 0.6, kv_dim=120)),
+    ("pack", "pack_scan", VerifyConfig(5, 33, 0.6, kv_dim=3)),
+    ("pack", "pack_scan", VerifyConfig(20000, 2, 0.6, kv_dim=64)),
+]
+failed = 0
+for op, name, cfg in cases:
+    failure = parity.check(registry.get(op, name), make_workload(op, cfg, "cuda"))
+    print(op, name, "ok" if failure is None else failure, flush=True)
+    failed += failure is not None
+sys.exit(1 if failed else 0)
+"""
+
+
+def _sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    nvcc = ext.nvcc_path()
+    candidate = Path(nvcc).parent / "compute-sanitizer" if nvcc else None
+    return str(candidate) if candidate is not None and candidate.is_file() else None
+
+
+def _run_sanitizer(tool: str, extra: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "TORCH_EXTENSIONS_DIR": str(ext.cache_root()),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    if os.environ.get("TORCH_CUDA_ARCH_LIST") is None and ext.arch_list():
+        env["TORCH_CUDA_ARCH_LIST"] = ext.arch_list()  # the same build folder as this process's
+    command = [_sanitizer(), "--tool", tool, "--error-exitcode", "99", "--print-limit", "10", *extra,
+               sys.executable, "-c", SANITIZER_SCRIPT]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=500)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool, extra", [("memcheck", []), ("racecheck", ["--kernel-name", "kns=scan_pack_kernel"])],
+                         ids=["memcheck", "racecheck"])
+def test_compute_sanitizer_clean(tool, extra):
+    if _sanitizer() is None:
+        pytest.skip("compute-sanitizer not found")
+    done = _run_sanitizer(tool, extra)
+    if done.returncode != 0 and extra and "kernel-name" in done.stderr + done.stdout and "option" in (
+            done.stderr + done.stdout).lower():
+        done = _run_sanitizer(tool, [])  # an older sanitizer without kernel filters: check everything
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
