@@ -48,6 +48,7 @@ from sdbench.ops.prob_verify.triton_kernels import (
     _token_of,
     default_fused_plan,
 )
+from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE as _TOKEN_OUT_OF_RANGE
 from sdbench.ops.prob_verify_logits.workload import VLLM_BLOCK
 
 try:
@@ -59,6 +60,7 @@ TILE = 64 if INTERPRETED else 2048  # columns per step of a stats program (16 pe
 STATS_WARPS = 4
 STATS_PROGRAMS_PER_SM = 4  # pass 1 is a pure stream: several resident programs per SM hide latency
 NO_INDEX = tl.constexpr(2**31 - 1)  # globals a jit function reads must be constexpr
+TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_contract
 RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
 
 
@@ -160,17 +162,22 @@ def _probability(logit, inverse, row_max, row_sum, greedy, is_argmax, PRECISE_MA
 
 
 @triton.jit
-def _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, row_max, row_sum, row_arg,
+def _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
                  inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
                  stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
                  GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
                  PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
-    """(k, the draft tokens [GAMMA_PAD]): the first position i with !(u_i·q_i(x_i) < p_i(x_i))."""
+    """(k, the draft tokens [GAMMA_PAD], bad): k is the first position i with !(u_i·q_i(x_i) < p_i(x_i)).
+
+    A token outside [0, V) is never read through: its p = q = 0 (so it is rejected) and bad = 1, the
+    input contract's TOKEN_OUT_OF_RANGE (sdbench.ops.input_contract), as in prob_verify's kernels."""
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=in_draft, other=0).to(tl.int64)
-    target_logit = tl.load(target_ptr + b * stride_p_b + positions * stride_p_row + tokens, mask=in_draft, other=0.0)
-    draft_logit = tl.load(draft_ptr + b * stride_q_b + positions * stride_q_row + tokens, mask=in_draft, other=0.0)
+    in_vocab = (tokens >= 0) & (tokens < vocab)
+    readable = in_draft & in_vocab
+    target_logit = tl.load(target_ptr + b * stride_p_b + positions * stride_p_row + tokens, mask=readable, other=0.0)
+    draft_logit = tl.load(draft_ptr + b * stride_q_b + positions * stride_q_row + tokens, mask=readable, other=0.0)
     draft_rows = positions + GAMMA + 1
     p = _probability(target_logit, inverse_t, _pick_rows(row_max, positions, R_PAD),
                      _pick_rows(row_sum, positions, R_PAD), greedy_t,
@@ -178,10 +185,13 @@ def _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, row_m
     q = _probability(draft_logit, inverse_d, _pick_rows(row_max, draft_rows, R_PAD),
                      _pick_rows(row_sum, draft_rows, R_PAD), greedy_d,
                      tokens == _pick_rows(row_arg, draft_rows, R_PAD), PRECISE_MATH)
+    p = tl.where(in_vocab, p, 0.0)
+    q = tl.where(in_vocab, q, 0.0)
     u = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
     rejected = in_draft & ~(u * q < p)
     k = tl.min(tl.where(rejected, positions, GAMMA), axis=0)
-    return k, tokens
+    bad = tl.max((in_draft & ~in_vocab).to(tl.int32), axis=0)
+    return k, tokens, bad
 
 
 @triton.jit
@@ -236,7 +246,7 @@ def _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, t
 def _logits_race_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
-    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, best_ptr, arrivals_ptr,
+    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr,
     seed, offset, vocab, splits, chunks,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
@@ -254,8 +264,8 @@ def _logits_race_kernel(
     inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
     row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
                                                 GAMMA, R_PAD, SPLITS_PAD)
-    k, tokens = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, row_max, row_sum, row_arg,
-                             inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
+    k, tokens, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum,
+                                  row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
                              stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
                              GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
     has_draft = k < GAMMA
@@ -281,6 +291,7 @@ def _logits_race_kernel(
             next_token = _token_of(winner)
         _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
                    GAMMA, GAMMA_PAD)
+        tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
         tl.store(arrivals_ptr + b, 0)
 
 
@@ -289,7 +300,7 @@ def _logits_race_kernel(
 def _vllm_scan_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stop_ptr, stop_stats_ptr,
-    seed, offset, splits,
+    seed, offset, splits, vocab,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
     PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
@@ -299,7 +310,7 @@ def _vllm_scan_kernel(
     temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
     row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
                                                 GAMMA, R_PAD, SPLITS_PAD)
-    k, _ = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, row_max, row_sum, row_arg,
+    k, _, _ = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
                         _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
                         temperature_t == 0, temperature_d == 0, seed, offset,
                         stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
@@ -469,7 +480,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     args = (
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
         t.exponential_noise, *stats, outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"],
-        best, arrivals, seed, _offset(offset), vocab, plan.splits, race.splits,
+        outputs["error_flags"], best, arrivals, seed, _offset(offset), vocab, plan.splits, race.splits,
         t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
         t.draft_logits.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0), outputs["output_tokens"].stride(0),
     )
@@ -500,7 +511,7 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
     precise = _precise_math(device)
     stats_launch = _stats_launch(t, stats, plan, tile=min(block, TILE))
     scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
-                 t.uniforms, *stats, stop, stop_stats, seed, _offset(offset), plan.splits,
+                 t.uniforms, *stats, stop, stop_stats, seed, _offset(offset), plan.splits, vocab,
                  t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
                  t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
     scan_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),

@@ -188,7 +188,7 @@ def test_parity_knows_the_logits_reference_and_catches_a_wrong_sampler():
 
 
 def test_bench_rows_carry_the_floor_the_bytes_and_both_rules():
-    from sdbench.ops.prob_verify_logits.bench import time_point
+    from sdbench.commands.logits_bench import time_point
 
     cfg = LogitsConfig(4, 2, vocab_size=64, seed=3)
     rows = time_point(cfg, ["torch_eager", "softmax_flashinfer"], cold_l2=False, tbps=3.0, views=("cpu",), device="cpu")

@@ -1,9 +1,9 @@
 """The from-logits benchmark driver the lead runs on the H100: every design at every grid point, cold and
 warm L2, GPU time against the logits read floor, and the mean accepted length per rule.
 
-    python -m sdbench.ops.prob_verify_logits.bench --out logits.csv            # the issue's 216 points
-    python -m sdbench.ops.prob_verify_logits.bench --quick --out quick.csv     # b=32, γ=8, V=128256
-    python -m sdbench.ops.prob_verify_logits.bench --quick --rule block --out block.csv
+    python -m sdbench.commands.logits_bench --out logits.csv            # the issue's 216 points
+    python -m sdbench.commands.logits_bench --quick --out quick.csv     # b=32, γ=8, V=128256
+    python -m sdbench.commands.logits_bench --quick --rule block --out block.csv
 
 Timing is sdbench.measure.timing (gpu view: CUPTI device time per call; the graph and wall views with
 --views). Designs are timed in fast randomness (in-kernel Philox; FlashInfer draws its own), as an
