@@ -62,6 +62,10 @@ def expected_outputs(op: str, workload: VerifyWorkload) -> Outputs:
     compared within an absolute tolerance, carried on the returned dict as `float_atol`.
     """
     w = workload
+    if op == "prob_verify_logits":  # its own reference (temperature softmax, then the rule)
+        from sdbench.ops.prob_verify_logits.reference import reference_outputs
+
+        return reference_outputs(w)
     if op == "prob_verify":
         if w.randomness != "supplied":
             raise ValueError("prob_verify parity needs supplied randomness: fast-mode draws have no reference")
@@ -249,7 +253,7 @@ def plan(op: str | None = None, impl_names: list[str] | None = None, quick: bool
 
 def input_bytes(op: str, cfg: VerifyConfig) -> int:
     """The largest input a config needs: the draft KV, or prob_verify's p, q and noise."""
-    if op != "prob_verify":
+    if op not in ("prob_verify", "prob_verify_logits"):  # prob_verify_logits: logits in place of p, q
         return cfg.kv_bytes
     elem = 4 if cfg.prob_dtype == "float32" else 2
     return cfg.batch_size * cfg.vocab_size * ((2 * cfg.gamma + 1) * elem + 4)
@@ -257,7 +261,7 @@ def input_bytes(op: str, cfg: VerifyConfig) -> int:
 
 def configs_for(op: str, grid: ParityGrid, seed: int = 0) -> Iterator[VerifyConfig]:
     """Every config of grid that op needs (verify ignores KV widths and KV dtypes)."""
-    if op == "prob_verify":
+    if op in ("prob_verify", "prob_verify_logits"):  # prob_verify_logits: batch, γ, V, dtype of the prob grid
         yield from _prob_configs(grid, seed)
         return
     kv_dims = grid.kv_dims if op != "verify" else (0,)

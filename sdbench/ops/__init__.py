@@ -4,6 +4,7 @@
     ops/<op>/*_impls.py        every implementation, each registered where it is defined
     ops/workload.py            VerifyConfig (one point of any grid) and the greedy ops' inputs
     ops/prob_verify/workload.py  prob_verify's inputs
+    ops/prob_verify_logits/workload.py  prob_verify_logits' inputs (LogitsConfig)
     ops/verify_ragged/workload.py  verify_ragged's inputs (ragged γ_i, flattened layout)
 
 The registry imports every `*_impls` module under this package, so adding an implementation is one
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify", "verify_ragged")
+OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify", "prob_verify_logits", "verify_ragged")
 
 
 def make_workload(op: str, cfg, device: str | torch.device = "cpu"):
@@ -23,6 +24,10 @@ def make_workload(op: str, cfg, device: str | torch.device = "cpu"):
         from sdbench.ops.prob_verify.workload import make_prob_workload
 
         return make_prob_workload(cfg, device)
+    if op == "prob_verify_logits":  # a LogitsConfig, or a VerifyConfig's batch, γ, V, prob_dtype, seed
+        from sdbench.ops.prob_verify_logits.workload import make_logits_workload
+
+        return make_logits_workload(cfg, device)
     if op == "verify_ragged":
         from sdbench.ops.verify_ragged.workload import make_ragged_workload
 

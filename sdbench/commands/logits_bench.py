@@ -1,0 +1,105 @@
+"""The from-logits benchmark driver the lead runs on the H100: every design at every grid point, cold and
+warm L2, GPU time against the logits read floor, and the mean accepted length per rule.
+
+    python -m sdbench.commands.logits_bench --out logits.csv            # the issue's 216 points
+    python -m sdbench.commands.logits_bench --quick --out quick.csv     # b=32, γ=8, V=128256
+    python -m sdbench.commands.logits_bench --quick --rule block --out block.csv
+
+Timing is sdbench.measure.timing (gpu view: CUPTI device time per call; the graph and wall views with
+--views). Designs are timed in fast randomness (in-kernel Philox; FlashInfer draws its own), as an
+engine runs them. The bandwidth for the floor's time is --tbps (default 3.0 TB/s, the measured
+device-to-device copy rate on the H100 host, docs/perf-notes.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections.abc import Iterable
+
+import torch
+
+from sdbench import registry
+from sdbench.ops.prob_verify_logits.reference import mean_accepted_length_by_rule
+from sdbench.ops.prob_verify_logits.workload import (
+    LogitsConfig,
+    benchmark_grid,
+    design_bytes,
+    logits_read_floor_bytes,
+    make_logits_workload,
+)
+
+DESIGNS = ("fused_logits", "vllm_v2_style", "softmax_fused_prob", "softmax_flashinfer", "torch_eager")
+BYTES_DESIGN = {"fused_logits": "fused_logits", "vllm_v2_style": "vllm_v2_style"}  # the rest: softmax_then_prob
+RULE_STATS_MAX_LOGITS = 2**28  # the eager block rule materialises p and q: skip the column above this
+
+
+def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: float, views=("gpu",),
+               device: str = "cuda") -> list[dict]:
+    """One row per design at cfg: median time per view, the floor and the ratio the issue asks for."""
+    from sdbench.measure.timing import TimingOptions, measure
+
+    workload = make_logits_workload(cfg, device).with_randomness("fast")
+    floor_bytes = logits_read_floor_bytes(cfg)
+    floor_us = floor_bytes / (tbps * 1e12) * 1e6
+    runs, reasons = {}, {}
+    for name in names:
+        impl = registry.get("prob_verify_logits", name)
+        reason = impl.unavailable_reason(device, cfg)
+        if reason is None:
+            runs[name] = impl.prepare(workload)
+        else:
+            reasons[name] = reason
+    timings = measure(runs, device, TimingOptions(warmup=5, iters=30, gpu_iters=20, cold_l2=cold_l2, views=views))
+    rows = []
+    for name in list(runs) + list(reasons):
+        row = {"design": name, "batch": cfg.batch_size, "gamma": cfg.gamma, "vocab": cfg.vocab_size,
+               "dtype": cfg.logits_dtype, "l2": "cold" if cold_l2 else "warm", "floor_bytes": floor_bytes,
+               "floor_us": round(floor_us, 2), "reason": reasons.get(name, "")}
+        moved = design_bytes(cfg, BYTES_DESIGN.get(name, "softmax_then_prob"))
+        row.update(read_bytes=moved["read"], written_bytes=moved["written"],
+                   read_bytes_per_row=moved["read"] // (cfg.batch_size * (2 * cfg.gamma + 1)))
+        for view, result in timings.get(name, {}).items():
+            stats = result.stats
+            row[f"{view}_us"] = round(stats.median_us, 2) if stats else ""
+            if view in ("gpu", "cpu") and stats:
+                row["vs_floor_plus_3us"] = round(stats.median_us / (1.3 * floor_us + 3.0), 3)
+        rows.append(row)
+    if cfg.batch_size * (2 * cfg.gamma + 1) * cfg.vocab_size <= RULE_STATS_MAX_LOGITS:
+        means = mean_accepted_length_by_rule(make_logits_workload(cfg, device))
+        for row in rows:
+            row.update(mean_length_token=round(means["token"], 4), mean_length_block=round(means["block"], 4))
+    del workload, runs
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true", help="b=32, γ=8, V=128256 only (both dtypes)")
+    parser.add_argument("--designs", default=",".join(DESIGNS))
+    parser.add_argument("--tbps", type=float, default=3.0)
+    parser.add_argument("--views", default="gpu", help="comma list of gpu, graph, wall")
+    parser.add_argument("--rule", default="token", choices=("token", "block"),
+                        help="acceptance rule timed (block: torch_eager only; the kernels give their reason)")
+    args = parser.parse_args(argv)
+    grid = [cfg for cfg in benchmark_grid(rule=args.rule)
+            if not args.quick or (cfg.batch_size, cfg.gamma, cfg.vocab_size) == (32, 8, 128256)]
+    rows = []
+    for cfg in grid:
+        for cold in (True, False):
+            rows.extend(time_point(cfg, args.designs.split(","), cold, args.tbps, tuple(args.views.split(","))))
+            print(rows[-1], file=sys.stderr)
+    fields = list(dict.fromkeys(key for row in rows for key in row))
+    with open(args.out, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

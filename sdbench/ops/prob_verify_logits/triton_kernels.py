@@ -1,0 +1,544 @@
+"""Triton kernels for verification from logits (token rule) and their launchers.
+
+Two designs, both equal to `reference.prob_verify_logits` on supplied randomness (up to near-ties at
+float32 rounding, see reference.py):
+
+- fused_logits (sdbench, 2 launches). The dependency: the accept test at position i needs p_i(x_i)
+  and q_i(x_i), i.e. the softmax normalisers (max, Σexp) of target row i and draft row i, and the
+  first rejection k needs all of them; the race at k needs rows k again. So:
+  1. `_row_stats_kernel`, grid (B·(2γ+1), splits): program (row, s) sweeps its span of one logits
+     row (target rows 0..γ, then draft rows 0..γ-1) in TILE-column steps: max, Σexp(z - max) and
+     (greedy rows) the first argmax of z = logits·(1/T). Writes one partial (max, sumexp, argmax)
+     per program. Every logit is read once: this is the floor, and the kernel is a pure stream.
+     splits is chosen so B·(2γ+1)·splits fills the machine; at B·(2γ+1) >= 4·SMs it is 1.
+  2. `_logits_race_kernel`, grid (B, chunks), the prob `fused` sampler's shape: program (b, c)
+     combines its sequence's (2γ+1)·splits partials (L2-resident, a few KB), gathers the 2γ logits at
+     the draft tokens, runs the accept scan to k, then reads its chunk of target row k and draft row
+     k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with the row-k
+     normalisers, and folds its best race key w/E into best[b] with a 64-bit atomic max; the last
+     program to arrive writes the outputs (greedy targets skip the row: next = argmax of row k).
+- vllm_v2_style (the peer, 4 launches): the multi-kernel design described for vLLM's model runner v2
+  rejection sampler (vllm/v1/worker/gpu/sample: block max / sum-exp over vocabulary tiles, a
+  per-request accept scan, a Gumbel-max resample of the rejected row), re-implemented here from that
+  description, not copied: (1) the same block stats kernel with one VLLM_BLOCK tile per program
+  (no splitting plan); (2) `_vllm_scan_kernel` grid (B,): combine the blocks, scan, write k and the
+  row-k normalisers; (3) `_vllm_resample_kernel` grid (B, blocks): Gumbel keys log(w) - log(E) over a
+  block of row k, per-block (max, argmax) written out; (4) `_vllm_finish_kernel` grid (B,): combine
+  the block winners and write the outputs.
+
+Randomness helpers (Philox streams, exponential noise, packed race keys) are imported from
+sdbench.ops.prob_verify.triton_kernels, so fast mode draws the same streams as the prob kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from sdbench.ops.prob_verify.triton_kernels import (
+    INTERPRETED,
+    BoundLaunch,
+    _accept_uniforms,
+    _chunk_columns,
+    _pack,
+    _race_noise,
+    _token_of,
+    default_fused_plan,
+)
+from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE as _TOKEN_OUT_OF_RANGE
+from sdbench.ops.prob_verify_logits.workload import VLLM_BLOCK
+
+try:
+    from triton.language.extra import libdevice
+except ImportError:  # older Triton layouts
+    from triton.language.extra.cuda import libdevice
+
+TILE = 64 if INTERPRETED else 2048  # columns per step of a stats program (16 per thread at 4 warps)
+STATS_WARPS = 4
+STATS_PROGRAMS_PER_SM = 4  # pass 1 is a pure stream: several resident programs per SM hide latency
+NO_INDEX = tl.constexpr(2**31 - 1)  # globals a jit function reads must be constexpr
+TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_contract
+RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
+
+
+@triton.jit
+def _exp(x, PRECISE_MATH: tl.constexpr):
+    if PRECISE_MATH:
+        return libdevice.exp(x)  # expf, as PyTorch computes it
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _inverse_temperature(temperature):
+    """1/T rounded once to float32 (IEEE, as PyTorch's 1.0 / T); 1 for greedy rows (T = 0)."""
+    safe = tl.where(temperature > 0, temperature, 1.0)
+    return tl.where(temperature > 0, tl.math.div_rn(tl.zeros_like(safe) + 1.0, safe), 1.0)
+
+
+# --- pass 1: per-row (max, Σexp, argmax) partials -----------------------------------------------
+@triton.jit
+def _row_stats_kernel(
+    target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
+    vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+    GAMMA: tl.constexpr, TILE: tl.constexpr,
+):
+    """Grid (B·(2γ+1), splits). Program (row, s): columns [s·span, min((s+1)·span, V)) of one row,
+    TILE at a time: running max m, Σexp(z - m) rescaled when m grows (one exp per logit), and for
+    greedy rows the first index of the max. Registers: one TILE of logits (16 per thread)."""
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (row // (2 * GAMMA + 1)).to(tl.int64)
+    r = row % (2 * GAMMA + 1)
+    if r <= GAMMA:
+        base = target_ptr + b * stride_p_b + r * stride_p_row
+        temperature = tl.load(target_temp_ptr + b)
+    else:
+        base = draft_ptr + b * stride_q_b + (r - GAMMA - 1) * stride_q_row
+        temperature = tl.load(draft_temp_ptr + b)
+    inverse = _inverse_temperature(temperature)
+    greedy = temperature == 0
+    start = split * span
+    end = tl.minimum(start + span, vocab)
+    m = tl.zeros([], tl.float32) - float("inf")
+    s = tl.zeros([], tl.float32)
+    arg = tl.zeros([], tl.int32) + NO_INDEX
+    for tile_start in range(start, end, TILE):
+        cols = tile_start + tl.arange(0, TILE)
+        z = tl.load(base + cols, mask=cols < end, other=float("-inf")).to(tl.float32) * inverse
+        tile_max = tl.max(z, axis=0)
+        new_m = tl.maximum(m, tile_max)
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
+        if greedy:
+            first = tl.min(tl.where(z == tile_max, cols, NO_INDEX), axis=0)
+            arg = tl.where(tile_max > m, first, arg)
+        m = new_m
+    out = row * splits + split
+    tl.store(stats_max_ptr + out, m)
+    tl.store(stats_sum_ptr + out, s)
+    tl.store(stats_arg_ptr + out, arg)
+
+
+@triton.jit
+def _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
+                    GAMMA: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """Row max M, Σexp(z - M) S and first argmax A of sequence b's 2γ+1 rows ([R_PAD] each)."""
+    rows = tl.arange(0, R_PAD)[:, None]
+    parts = tl.arange(0, SPLITS_PAD)[None, :]
+    valid = (rows < 2 * GAMMA + 1) & (parts < splits)
+    index = (b * (2 * GAMMA + 1) + rows) * splits + parts
+    m = tl.load(stats_max_ptr + index, mask=valid, other=float("-inf"))
+    s = tl.load(stats_sum_ptr + index, mask=valid, other=0.0)
+    a = tl.load(stats_arg_ptr + index, mask=valid, other=NO_INDEX)
+    row_max = tl.max(m, axis=1)
+    scaled = tl.where(valid, s * tl.exp(m - row_max[:, None]), 0.0)
+    row_sum = tl.sum(scaled, axis=1)
+    row_arg = tl.min(tl.where(valid & (m == row_max[:, None]), a, NO_INDEX), axis=1)
+    return row_max, row_sum, row_arg
+
+
+@triton.jit
+def _pick(values, index, R_PAD: tl.constexpr):
+    """values[index] for a [R_PAD] vector and a scalar index."""
+    return tl.sum(tl.where(tl.arange(0, R_PAD) == index, values, 0), axis=0)
+
+
+@triton.jit
+def _pick_rows(values, rows, R_PAD: tl.constexpr):
+    """values[rows] for a [R_PAD] vector and a [N] vector of row ids."""
+    hit = tl.arange(0, R_PAD)[None, :] == rows[:, None]
+    return tl.sum(tl.where(hit, values[None, :], 0), axis=1)
+
+
+@triton.jit
+def _probability(logit, inverse, row_max, row_sum, greedy, is_argmax, PRECISE_MATH: tl.constexpr):
+    """p = exp(z - M) / S at one logit, or 1/0 (argmax or not) on a greedy row."""
+    z = logit.to(tl.float32) * inverse
+    soft = tl.math.div_rn(_exp(z - row_max, PRECISE_MATH), row_sum)
+    return tl.where(greedy, tl.where(is_argmax, 1.0, 0.0), soft)
+
+
+@triton.jit
+def _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
+                 inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
+                 stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+                 GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
+                 PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """(k, the draft tokens [GAMMA_PAD], bad): k is the first position i with !(u_i·q_i(x_i) < p_i(x_i)).
+
+    A token outside [0, V) is never read through: its p = q = 0 (so it is rejected) and bad = 1, the
+    input contract's TOKEN_OUT_OF_RANGE (sdbench.ops.input_contract), as in prob_verify's kernels."""
+    positions = tl.arange(0, GAMMA_PAD)
+    in_draft = positions < GAMMA
+    tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=in_draft, other=0).to(tl.int64)
+    in_vocab = (tokens >= 0) & (tokens < vocab)
+    readable = in_draft & in_vocab
+    target_logit = tl.load(target_ptr + b * stride_p_b + positions * stride_p_row + tokens, mask=readable, other=0.0)
+    draft_logit = tl.load(draft_ptr + b * stride_q_b + positions * stride_q_row + tokens, mask=readable, other=0.0)
+    draft_rows = positions + GAMMA + 1
+    p = _probability(target_logit, inverse_t, _pick_rows(row_max, positions, R_PAD),
+                     _pick_rows(row_sum, positions, R_PAD), greedy_t,
+                     tokens == _pick_rows(row_arg, positions, R_PAD), PRECISE_MATH)
+    q = _probability(draft_logit, inverse_d, _pick_rows(row_max, draft_rows, R_PAD),
+                     _pick_rows(row_sum, draft_rows, R_PAD), greedy_d,
+                     tokens == _pick_rows(row_arg, draft_rows, R_PAD), PRECISE_MATH)
+    p = tl.where(in_vocab, p, 0.0)
+    q = tl.where(in_vocab, q, 0.0)
+    u = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
+    rejected = in_draft & ~(u * q < p)
+    k = tl.min(tl.where(rejected, positions, GAMMA), axis=0)
+    bad = tl.max((in_draft & ~in_vocab).to(tl.int32), axis=0)
+    return k, tokens, bad
+
+
+@triton.jit
+def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
+              max_t, sum_t, max_d, sum_d, arg_d, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """Packed race keys w/E at cols of row k, w = p - q (q := 0 at the bonus row); -1 where w <= 0."""
+    inside = cols < vocab
+    z_t = tl.load(target_row + cols, mask=inside, other=float("-inf")).to(tl.float32) * inverse_t
+    p = tl.math.div_rn(_exp(z_t - max_t, PRECISE_MATH), sum_t)
+    draft_inside = cols < tl.where(has_draft, vocab, 0)
+    z_d = tl.load(draft_row + cols, mask=draft_inside, other=float("-inf")).to(tl.float32) * inverse_d
+    q = tl.math.div_rn(_exp(z_d - max_d, PRECISE_MATH), sum_d)
+    q = tl.where(greedy_d, tl.where(cols == arg_d, 1.0, 0.0), q)
+    q = tl.where(draft_inside, q, 0.0)
+    residual = p - q
+    if FAST:
+        key = residual / noise
+    else:
+        key = tl.math.div_rn(residual, noise)  # IEEE, as PyTorch's w / E
+    return _pack(tl.where(residual > 0, key, -1.0), cols), p
+
+
+@triton.jit
+def _target_race(target_row, noise_row, b, vocab, inverse_t, max_t, sum_t, seed, offset,
+                 ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """argmax_j p_j / E_j over the whole target row k (packed): the race when w is 0 everywhere."""
+    best = tl.full([ROWS, 4], -1, tl.int64)
+    for start in range(0, vocab, 4 * ROWS):
+        cols = _chunk_columns(start, ROWS)
+        noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
+        z = tl.load(target_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inverse_t
+        p = tl.math.div_rn(_exp(z - max_t, PRECISE_MATH), sum_t)
+        best = tl.maximum(best, _pack(tl.math.div_rn(p, noise), cols))
+    return tl.max(tl.max(best, axis=1), axis=0)
+
+
+@triton.jit
+def _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
+               GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr):
+    positions = tl.arange(0, GAMMA_PAD)
+    out_row = output_tokens_ptr + b * stride_out_b
+    out_type = output_tokens_ptr.dtype.element_ty
+    drafts = tl.where(positions < k, tokens, tl.where(positions == k, next_token, -1))
+    tl.store(out_row + positions, drafts.to(out_type), mask=positions < GAMMA)
+    tl.store(out_row + GAMMA, tl.where(k < GAMMA, -1, next_token).to(out_type))
+    tl.store(next_tokens_ptr + b, next_token.to(next_tokens_ptr.dtype.element_ty))
+    tl.store(accepted_lengths_ptr + b, k.to(tl.int64))
+
+
+# --- pass 2 (fused_logits): scan + split race + atomic combine ---------------------------------
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _logits_race_kernel(
+    draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
+    stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
+    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr,
+    seed, offset, vocab, splits, chunks,
+    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
+    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
+):
+    """Grid (B, chunks); program (b, c) owns columns [c·4·ROWS, (c+1)·4·ROWS) of the stopping row.
+    best_ptr (int64 [B]) and arrivals_ptr (int32 [B]) start zeroed and are left zeroed."""
+    b = tl.program_id(0).to(tl.int64)
+    start = tl.program_id(1) * (4 * ROWS)
+    cols = _chunk_columns(start, ROWS)
+    noise_row = noise_ptr + b * stride_e_b
+    temperature_t = tl.load(target_temp_ptr + b)
+    temperature_d = tl.load(draft_temp_ptr + b)
+    greedy_t, greedy_d = temperature_t == 0, temperature_d == 0
+    inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
+    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
+                                                GAMMA, R_PAD, SPLITS_PAD)
+    k, tokens, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum,
+                                  row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
+                             stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+                             GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+    has_draft = k < GAMMA
+    draft_k = tl.minimum(k, GAMMA - 1)
+    max_t, sum_t = _pick(row_max, k, R_PAD), _pick(row_sum, k, R_PAD)
+    target_row = target_ptr + b * stride_p_b + k * stride_p_row
+    if temperature_t != 0:  # a greedy target's next token is the argmax of row k: no race, no row read
+        noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
+        keys, _ = _row_keys(target_row, draft_ptr + b * stride_q_b + draft_k * stride_q_row, noise, cols, vocab,
+                            has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t,
+                            _pick(row_max, draft_k + GAMMA + 1, R_PAD), _pick(row_sum, draft_k + GAMMA + 1, R_PAD),
+                            _pick(row_arg, draft_k + GAMMA + 1, R_PAD), PRECISE_MATH, FAST)
+        tl.atomic_max(best_ptr + b, tl.max(tl.max(keys, axis=1), axis=0), sem="relaxed")
+    arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
+    if arrived == chunks - 1:
+        winner = tl.atomic_xchg(best_ptr + b, 0, sem="relaxed")
+        if greedy_t:
+            next_token = _pick(row_arg, k, R_PAD).to(tl.int64)
+        else:
+            if winner <= 0:
+                winner = _target_race(target_row, noise_row, b, vocab, inverse_t, max_t, sum_t, seed, offset,
+                                      ROWS, PRECISE_MATH, FAST)
+            next_token = _token_of(winner)
+        _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
+                   GAMMA, GAMMA_PAD)
+        tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
+        tl.store(arrivals_ptr + b, 0)
+
+
+# --- vllm_v2_style: scan kernel, Gumbel resample per block, finish --------------------------------
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _vllm_scan_kernel(
+    draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr,
+    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stop_ptr, stop_stats_ptr,
+    seed, offset, splits, vocab,
+    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
+):
+    """Grid (B,): combine the block stats, scan to k, write k and row k's (M_t, S_t, M_q, S_q, A_t, A_q)."""
+    b = tl.program_id(0).to(tl.int64)
+    temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
+    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
+                                                GAMMA, R_PAD, SPLITS_PAD)
+    k, _, _ = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
+                        _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
+                        temperature_t == 0, temperature_d == 0, seed, offset,
+                        stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+                        GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+    draft_k = tl.minimum(k, GAMMA - 1) + GAMMA + 1
+    tl.store(stop_ptr + b, k)
+    out = stop_stats_ptr + b * 6
+    tl.store(out + 0, _pick(row_max, k, R_PAD))
+    tl.store(out + 1, _pick(row_sum, k, R_PAD))
+    tl.store(out + 2, _pick(row_max, draft_k, R_PAD))
+    tl.store(out + 3, _pick(row_sum, draft_k, R_PAD))
+    tl.store(out + 4, _pick(row_arg, k, R_PAD).to(tl.float32, bitcast=True))
+    tl.store(out + 5, _pick(row_arg, draft_k, R_PAD).to(tl.float32, bitcast=True))
+
+
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _vllm_resample_kernel(
+    target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, noise_ptr, stop_ptr, stop_stats_ptr, block_best_ptr,
+    seed, offset, vocab, blocks,
+    stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_e_b,
+    GAMMA: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr,
+    FAST: tl.constexpr,
+):
+    """Grid (B, blocks): the block's best packed race key of row k (w/E; the Gumbel-max form
+    log w - log E orders the same) into block_best [B, blocks]. The BLOCK columns are swept 4·ROWS
+    at a time (a whole 8192-column tile of int64 keys per program would spill)."""
+    b = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    k = tl.load(stop_ptr + b)
+    stats = stop_stats_ptr + b * 6
+    temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
+    best = tl.full([ROWS, 4], -1, tl.int64)
+    if temperature_t != 0:
+        draft_k = tl.minimum(k, GAMMA - 1)
+        target_row = target_ptr + b * stride_p_b + k * stride_p_row
+        draft_row = draft_ptr + b * stride_q_b + draft_k * stride_q_row
+        inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
+        max_t, sum_t, max_d, sum_d = tl.load(stats + 0), tl.load(stats + 1), tl.load(stats + 2), tl.load(stats + 3)
+        arg_d = tl.load(stats + 5).to(tl.int32, bitcast=True)
+        for step in range(0, BLOCK, 4 * ROWS):
+            start = block * BLOCK + step
+            cols = _chunk_columns(start, ROWS)
+            noise = _race_noise(noise_ptr + b * stride_e_b, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH,
+                                FAST)
+            keys, _ = _row_keys(target_row, draft_row, noise, cols, vocab, k < GAMMA, inverse_t, inverse_d,
+                                temperature_d == 0, max_t, sum_t, max_d, sum_d, arg_d, PRECISE_MATH, FAST)
+            best = tl.maximum(best, keys)
+    tl.store(block_best_ptr + b * blocks + block, tl.max(tl.max(best, axis=1), axis=0))
+
+
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _vllm_finish_kernel(
+    draft_tokens_ptr, target_ptr, target_temp_ptr, noise_ptr, stop_ptr, stop_stats_ptr, block_best_ptr,
+    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr,
+    seed, offset, vocab, blocks,
+    stride_tok_b, stride_p_b, stride_p_row, stride_e_b, stride_out_b,
+    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, BLOCKS_PAD: tl.constexpr, ROWS: tl.constexpr,
+    PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
+):
+    """Grid (B,): the winner over the blocks (or row k's argmax for a greedy target) -> outputs."""
+    b = tl.program_id(0).to(tl.int64)
+    k = tl.load(stop_ptr + b)
+    stats = stop_stats_ptr + b * 6
+    temperature_t = tl.load(target_temp_ptr + b)
+    index = tl.arange(0, BLOCKS_PAD)
+    winner = tl.max(tl.load(block_best_ptr + b * blocks + index, mask=index < blocks, other=-1), axis=0)
+    if temperature_t == 0:
+        next_token = tl.load(stats + 4).to(tl.int32, bitcast=True).to(tl.int64)
+    else:
+        if winner <= 0:
+            winner = _target_race(target_ptr + b * stride_p_b + k * stride_p_row, noise_ptr + b * stride_e_b, b, vocab,
+                                  _inverse_temperature(temperature_t), tl.load(stats + 0), tl.load(stats + 1),
+                                  seed, offset, ROWS, PRECISE_MATH, FAST)
+        next_token = _token_of(winner)
+    positions = tl.arange(0, GAMMA_PAD)
+    tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=positions < GAMMA, other=0).to(tl.int64)
+    _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
+               GAMMA, GAMMA_PAD)
+
+
+# --- launchers ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LogitsTensors:
+    """The inputs of one call as the kernels see them (last dimensions contiguous)."""
+
+    draft_tokens: torch.Tensor  # [B, γ]
+    target_logits: torch.Tensor  # [B, γ+1, V]
+    draft_logits: torch.Tensor  # [B, γ, V]
+    target_temperature: torch.Tensor  # [B] float32
+    draft_temperature: torch.Tensor  # [B] float32
+    uniforms: torch.Tensor  # [B, γ] float32
+    exponential_noise: torch.Tensor  # [B, V] float32
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        batch, gamma = self.draft_tokens.shape
+        return batch, gamma, self.target_logits.shape[2]
+
+    def check(self) -> None:
+        for name in ("draft_tokens", "target_logits", "draft_logits", "uniforms", "exponential_noise"):
+            if getattr(self, name).stride(-1) != 1:
+                raise ValueError(f"{name} needs a contiguous last dimension (call .contiguous())")
+        for name in ("target_temperature", "draft_temperature"):
+            tensor = getattr(self, name)
+            if tensor.dtype != torch.float32 or not tensor.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous float32 [B] tensor, got {tensor.dtype}")
+
+
+@dataclass(frozen=True)
+class StatsPlan:
+    """How pass 1 splits each row: `splits` programs of `span` columns (a multiple of TILE)."""
+
+    span: int
+    splits: int
+
+
+def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE) -> StatsPlan:
+    """Enough splits per row that rows·splits >= target_programs (1 when the rows alone fill it)."""
+    tiles = triton.cdiv(vocab, tile)
+    wanted = max(1, min(tiles, triton.cdiv(target_programs, rows)))
+    span = max(1, tiles // wanted) * tile  # round the span down: at least `wanted` splits
+    return StatsPlan(span=span, splits=triton.cdiv(vocab, span))
+
+
+def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device) -> StatsPlan:
+    rows = batch * (2 * gamma + 1)
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return stats_plan(rows, vocab, STATS_PROGRAMS_PER_SM * sms)
+    return stats_plan(rows, vocab, 3 * rows)  # the interpreter: a few splits, to exercise the combine
+
+
+def _precise_math(device: torch.device) -> bool:
+    return device.type == "cuda" and not INTERPRETED
+
+
+def _offset(offset: int) -> int:
+    return offset % 2**31
+
+
+def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    count = batch * (2 * gamma + 1) * splits
+    return (torch.empty(count, dtype=torch.float32, device=device), torch.empty(count, dtype=torch.float32, device=device),
+            torch.empty(count, dtype=torch.int32, device=device))
+
+
+def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int = TILE):
+    batch, gamma, vocab = t.shape
+    args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
+            vocab, plan.span, plan.splits, t.target_logits.stride(0), t.target_logits.stride(1),
+            t.draft_logits.stride(0), t.draft_logits.stride(1))
+    meta = dict(GAMMA=gamma, TILE=tile, num_warps=STATS_WARPS if not INTERPRETED else 1)
+    return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, t.draft_tokens.device)
+
+
+def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int = 0,
+                          offset: int = 0, stats_plan_: StatsPlan | None = None):
+    """Two launches (stats, race) into outputs; scratch allocated here, once."""
+    batch, gamma, vocab = t.shape
+    device = t.draft_tokens.device
+    plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device)
+    race = default_fused_plan(batch, vocab, device)
+    stats = allocate_stats(batch, gamma, plan.splits, device)
+    best = torch.zeros(batch, dtype=torch.int64, device=device)
+    arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
+    stats_launch = _stats_launch(t, stats, plan)
+    args = (
+        t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
+        t.exponential_noise, *stats, outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"],
+        outputs["error_flags"], best, arrivals, seed, _offset(offset), vocab, plan.splits, race.splits,
+        t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
+        t.draft_logits.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0), outputs["output_tokens"].stride(0),
+    )
+    meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
+                SPLITS_PAD=triton.next_power_of_2(plan.splits), ROWS=race.rows, PRECISE_MATH=_precise_math(device),
+                FAST=fast, num_warps=race.num_warps)
+    race_launch = BoundLaunch(_logits_race_kernel, (batch, race.splits), args, meta, device)
+
+    def launch() -> None:
+        stats_launch()
+        race_launch()
+
+    launch.scratch = (best, arrivals)  # tests check they are left zeroed
+    return launch
+
+
+def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int = 0,
+                           offset: int = 0, block: int | None = None):
+    """Four launches: block stats (one block per program), scan, per-block Gumbel resample, finish."""
+    batch, gamma, vocab = t.shape
+    device = t.draft_tokens.device
+    block = block or (64 if INTERPRETED else VLLM_BLOCK)
+    plan = StatsPlan(span=block, splits=triton.cdiv(vocab, block))
+    stats = allocate_stats(batch, gamma, plan.splits, device)
+    stop = torch.empty(batch, dtype=torch.int32, device=device)
+    stop_stats = torch.empty((batch, 6), dtype=torch.float32, device=device)
+    block_best = torch.empty((batch, plan.splits), dtype=torch.int64, device=device)
+    precise = _precise_math(device)
+    stats_launch = _stats_launch(t, stats, plan, tile=min(block, TILE))
+    scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
+                 t.uniforms, *stats, stop, stop_stats, seed, _offset(offset), plan.splits, vocab,
+                 t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
+                 t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
+    scan_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
+                     SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=precise, FAST=fast, num_warps=4)
+    rows = min(block // 4, RESAMPLE_ROWS)
+    resample_args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.exponential_noise,
+                     stop, stop_stats, block_best, seed, _offset(offset), vocab, plan.splits,
+                     t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
+                     t.draft_logits.stride(1), t.exponential_noise.stride(0))
+    resample_meta = dict(GAMMA=gamma, BLOCK=block, ROWS=rows, PRECISE_MATH=precise, FAST=fast,
+                         num_warps=4 if not INTERPRETED else 1)
+    finish_args = (t.draft_tokens, t.target_logits, t.target_temperature, t.exponential_noise, stop, stop_stats,
+                   block_best, outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"],
+                   seed, _offset(offset), vocab, plan.splits, t.draft_tokens.stride(0), t.target_logits.stride(0),
+                   t.target_logits.stride(1), t.exponential_noise.stride(0), outputs["output_tokens"].stride(0))
+    finish_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma),
+                       BLOCKS_PAD=triton.next_power_of_2(plan.splits), ROWS=min(rows, 512), PRECISE_MATH=precise,
+                       FAST=fast, num_warps=4)
+    launches = (
+        stats_launch,
+        BoundLaunch(_vllm_scan_kernel, (batch,), scan_args, scan_meta, device),
+        BoundLaunch(_vllm_resample_kernel, (batch, plan.splits), resample_args, resample_meta, device),
+        BoundLaunch(_vllm_finish_kernel, (batch,), finish_args, finish_meta, device),
+    )
+
+    def launch() -> None:
+        for step in launches:
+            step()
+
+    return launch

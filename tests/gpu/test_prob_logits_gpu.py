@@ -1,0 +1,148 @@
+"""prob_verify_logits on CUDA: parity of every implementation with the reference over a grid (mixed
+temperatures, bf16 and fp32), fast mode deterministic and graph-capturable, the designs agreeing on
+fast-mode tokens, the χ² exactness of the kernels from logits, and the grid's largest point running.
+
+Parity contract: tokens and lengths bit for bit against reference.prob_verify_logits (float32) on the
+same supplied randomness. The kernels compute the same softmax with another summation order, so a
+draw within ~1e-6 relative of a tie could differ (probability ~1e-6 per draw: not expected in this
+grid's ~10^4 draws). χ² method and significance: tests/ops/prob_verify_logits/test_logits_exactness.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sdbench import parity, registry
+from sdbench.ops.prob_verify_logits.checks import check
+from sdbench.ops.prob_verify_logits.workload import LogitsConfig, make_logits_workload
+
+_TESTS = Path(__file__).resolve().parents[1] / "ops"
+sys.path.insert(0, str(_TESTS / "prob_verify"))
+sys.path.insert(0, str(_TESTS / "prob_verify_logits"))
+from test_logits_exactness import SIGNIFICANCE, group_pvalues, mixed_rounds  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEVICE = "cuda"
+IMPLS = ("torch_eager", "fused_logits", "vllm_v2_style", "softmax_fused_prob")
+
+
+def _grid():
+    for index, (batch, gamma, vocab, dtype) in enumerate(
+            itertools.product((1, 32), (4, 16), (32000, 151936), ("float32", "bfloat16"))):
+        yield LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, seed=index)
+    yield LogitsConfig(128, 8, vocab_size=128256, logits_dtype="bfloat16", seed=50)
+    yield LogitsConfig(512, 4, vocab_size=32000, seed=51)
+    yield LogitsConfig(32, 8, vocab_size=32000, temperatures=(0.0,), draft_noise=0.1, token_dtype="int32", seed=52)
+    yield LogitsConfig(32, 8, vocab_size=32000, temperatures=(0.6, 1.0), draft_noise=0.0, seed=53)  # all bonus draws
+    yield LogitsConfig(32, 8, vocab_size=32000, draft_noise=3.0, seed=54)  # early rejections
+
+
+GRID = list(_grid())
+
+
+def _config_id(cfg: LogitsConfig) -> str:
+    return f"b{cfg.batch_size}-g{cfg.gamma}-v{cfg.vocab_size}-{cfg.logits_dtype}-n{cfg.draft_noise}-{cfg.token_dtype}"
+
+
+def _snapshot(outputs):
+    return {key: value.clone() for key, value in outputs.items()}
+
+
+@pytest.mark.parametrize("cfg", GRID, ids=_config_id)
+def test_every_implementation_matches_the_reference(cfg):
+    workload = make_logits_workload(cfg, DEVICE)
+    failures = {}
+    for name in IMPLS:
+        impl = registry.get("prob_verify_logits", name)
+        assert impl.unavailable_reason(DEVICE, cfg) is None, (name, impl.unavailable_reason(DEVICE, cfg))
+        failure = check(impl, workload)
+        if failure is not None:
+            failures[name] = failure
+    assert not failures, failures
+
+
+def test_block_rule_runs_in_torch_eager_on_cuda():
+    workload = make_logits_workload(LogitsConfig(32, 8, vocab_size=32000, rule="block", seed=3), DEVICE)
+    assert check(registry.get("prob_verify_logits", "torch_eager"), workload) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fast_mode_is_deterministic_and_the_designs_agree(dtype):
+    fast = make_logits_workload(LogitsConfig(32, 8, vocab_size=128256, logits_dtype=dtype, seed=8), DEVICE)
+    fast = fast.with_randomness("fast", offset=5)
+    fused = registry.get("prob_verify_logits", "fused_logits").prepare(fast)
+    first, second = _snapshot(fused()), _snapshot(fused())
+    vllm = _snapshot(registry.get("prob_verify_logits", "vllm_v2_style").prepare(fast)())
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+        assert torch.equal(first[name], vllm[name]), name
+    other = _snapshot(registry.get("prob_verify_logits", "fused_logits").prepare(fast.with_randomness("fast", 6))())
+    assert not torch.equal(first["output_tokens"], other["output_tokens"])
+
+
+@pytest.mark.parametrize("name", ["fused_logits", "vllm_v2_style"])
+def test_graph_replay_equals_eager(name):
+    fast = make_logits_workload(LogitsConfig(32, 8, vocab_size=32000, seed=9), DEVICE).with_randomness("fast")
+    run = registry.get("prob_verify_logits", name).prepare(fast)
+    expected = _snapshot(run())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run.launch()
+    parity.poison(run.outputs)
+    graph.replay()
+    torch.cuda.synchronize()
+    for key, value in expected.items():
+        assert torch.equal(run.outputs[key], value), key
+
+
+def test_fused_logits_leaves_its_race_scratch_zeroed():
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    w = make_logits_workload(LogitsConfig(32, 4, vocab_size=32000, seed=10), DEVICE)
+    inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                   w.draft_temperature, w.uniforms, w.exponential_noise)
+    launch = kernels.fused_logits_launcher(inputs, allocate_outputs(w), fast=True)
+    launch()
+    launch()
+    torch.cuda.synchronize()
+    best, arrivals = launch.scratch
+    assert not best.any() and not arrivals.any()
+
+
+@pytest.mark.parametrize("name,randomness", [("fused_logits", "fast"), ("fused_logits", "supplied"),
+                                             ("vllm_v2_style", "fast"), ("softmax_fused_prob", "fast")])
+def test_kernels_from_logits_are_exact_per_temperature(name, randomness):
+    w = mixed_rounds(seed=21, device=DEVICE).with_randomness(randomness)
+    outputs = registry.get("prob_verify_logits", name).prepare(w)()
+    pvalues = group_pvalues(outputs, w)
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+
+
+def test_softmax_flashinfer_is_exact_or_says_why():
+    impl = registry.get("prob_verify_logits", "softmax_flashinfer")
+    reason = impl.unavailable_reason(DEVICE)
+    if reason is not None:
+        assert "flashinfer" in reason
+        return
+    w = mixed_rounds(seed=22, device=DEVICE).with_randomness("fast")
+    pvalues = group_pvalues(impl.prepare(w)(), w)
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+
+
+def test_the_grids_largest_point_runs():
+    """b=512, γ=16, V=151936 float32: 10 GB of logits generated on the device, both designs agree."""
+    cfg = LogitsConfig(512, 16, vocab_size=151936, seed=11)
+    fast = make_logits_workload(cfg, DEVICE).with_randomness("fast")
+    fused = _snapshot(registry.get("prob_verify_logits", "fused_logits").prepare(fast)())
+    k = fused["accepted_lengths"]
+    assert bool(((k >= 0) & (k <= 16)).all())
+    assert bool(((fused["next_tokens"] >= 0) & (fused["next_tokens"] < 151936)).all())
+    assert torch.equal(fused["output_tokens"].gather(1, k[:, None]).squeeze(1), fused["next_tokens"])
+    vllm = _snapshot(registry.get("prob_verify_logits", "vllm_v2_style").prepare(fast)())
+    assert torch.equal(fused["output_tokens"], vllm["output_tokens"])

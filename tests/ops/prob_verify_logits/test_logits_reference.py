@@ -1,0 +1,199 @@
+"""The from-logits reference and workload: temperature softmax, greedy requests in a sampled batch,
+the float64 twin, block verification's known values, the roofline bytes and the benchmark grid."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sdbench.errors import SdbenchError
+from sdbench.ops.prob_verify.reference import prob_verify
+from sdbench.ops.prob_verify_logits import reference
+from sdbench.ops.prob_verify_logits.workload import (
+    LogitsConfig,
+    benchmark_grid,
+    design_bytes,
+    logits_read_floor_bytes,
+    make_logits_workload,
+)
+
+
+def test_temperature_probs_is_softmax_of_scaled_logits_and_one_hot_when_greedy():
+    logits = torch.randn(3, 2, 50, dtype=torch.float64) * 4
+    logits[2, 1, 7] = logits[2, 1, 30] = logits[2, 1].max() + 1  # a tie: the first index wins
+    temperature = torch.tensor([0.7, 1.3, 0.0])
+    probs = reference.temperature_probs(logits.float(), temperature)
+    for b in range(2):
+        expected = (logits[b] / float(temperature[b])).softmax(-1)
+        torch.testing.assert_close(probs[b].double(), expected, atol=1e-6, rtol=1e-5)
+    assert torch.equal(probs[2, 0], torch.nn.functional.one_hot(logits[2, 0].argmax(), 50).float())
+    assert probs[2, 1, 7] == 1 and probs[2, 1].sum() == 1
+
+
+def _greedy_loop(draft_tokens, target_logits):
+    """Greedy verification by hand: accept while the draft equals the target's argmax."""
+    lengths, next_tokens = [], []
+    for b in range(draft_tokens.shape[0]):
+        k = 0
+        while k < draft_tokens.shape[1] and int(draft_tokens[b, k]) == int(target_logits[b, k].argmax()):
+            k += 1
+        lengths.append(k)
+        next_tokens.append(int(target_logits[b, k].argmax()))
+    return torch.tensor(lengths), torch.tensor(next_tokens)
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+def test_greedy_requests_are_greedy_verification_in_a_mixed_batch(rule):
+    cfg = LogitsConfig(16, 5, vocab_size=40, temperatures=(0.0, 1.0), draft_noise=0.15, rule=rule, seed=3)
+    w = make_logits_workload(cfg)
+    out = reference.reference_outputs(w)
+    greedy = w.target_temperature == 0
+    lengths, next_tokens = _greedy_loop(w.draft_tokens[greedy], w.target_logits[greedy])
+    assert torch.equal(out["accepted_lengths"][greedy], lengths)
+    assert torch.equal(out["next_tokens"][greedy], next_tokens)
+    assert 0 < int(lengths.sum()) < lengths.numel() * 5  # the case mixes acceptances and rejections
+
+
+def test_sampled_requests_are_the_probability_rule_on_the_temperature_softmax():
+    w = make_logits_workload(LogitsConfig(8, 3, vocab_size=64, temperatures=(0.5, 2.0), seed=4))
+    out = reference.reference_outputs(w)
+    p = torch.stack([(w.target_logits[b].double() / float(w.target_temperature[b])).softmax(-1) for b in range(8)])
+    q = torch.stack([(w.draft_logits[b].double() / float(w.draft_temperature[b])).softmax(-1) for b in range(8)])
+    expected = prob_verify(w.draft_tokens, p, q, w.uniforms, w.exponential_noise, compute_dtype=torch.float64)
+    for name in ("accepted_lengths", "next_tokens", "output_tokens"):
+        assert torch.equal(out[name], expected[name]), name
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_float64_twin_agrees_on_tokens(rule, dtype):
+    w = make_logits_workload(LogitsConfig(32, 4, vocab_size=500, logits_dtype=dtype, rule=rule, seed=5))
+    inputs = (w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature, w.draft_temperature,
+              w.uniforms, w.exponential_noise)
+    single = reference.prob_verify_logits(*inputs, rule=rule)
+    double = reference.prob_verify_logits_float64(*inputs, rule=rule)
+    assert torch.equal(single["output_tokens"], double["output_tokens"])
+
+
+def _paper_example(rounds: int, seed: int):
+    """Sun et al.'s motivating example: context-free target (1/3, 2/3), draft (2/3, 1/3), γ = 2.
+    Expected accepted drafts: token-wise 10/9, block verification 11/9."""
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64).expand(rounds, 3, 2).contiguous()
+    q = torch.tensor([2 / 3, 1 / 3], dtype=torch.float64).expand(rounds, 2, 2).contiguous()
+    drafts = torch.multinomial(q[:, 0], 2, replacement=True, generator=gen)
+    uniforms = torch.rand(rounds, 2, generator=gen, dtype=torch.float64)
+    noise = torch.empty(rounds, 2, dtype=torch.float64).exponential_(generator=gen)
+    return drafts, p, q, uniforms, noise
+
+
+def test_block_verification_reaches_the_papers_expected_length():
+    rounds = 200_000
+    drafts, p, q, uniforms, noise = _paper_example(rounds, seed=0)
+    block = reference.block_verify(drafts, p, q, uniforms, noise)["accepted_lengths"].double()
+    token = prob_verify(drafts, p, q, uniforms, noise, compute_dtype=torch.float64)["accepted_lengths"].double()
+    tolerance = 4 * 0.9 / rounds**0.5  # 4 standard errors (the lengths' std is < 0.9)
+    assert abs(float(block.mean()) - 11 / 9) < tolerance
+    assert abs(float(token.mean()) - 10 / 9) < tolerance
+
+
+def test_mean_accepted_length_by_rule_reports_both_rules():
+    w = make_logits_workload(LogitsConfig(2000, 4, vocab_size=32, temperatures=(1.0,), draft_noise=0.3, seed=6))
+    means = reference.mean_accepted_length_by_rule(w)
+    assert set(means) == {"token", "block"} and 0 < means["token"] < 4 and 0 < means["block"] < 4
+
+
+# --- the workload --------------------------------------------------------------------------------
+def test_workload_shapes_dtypes_and_temperatures():
+    cfg = LogitsConfig(6, 3, vocab_size=100, logits_dtype="bfloat16", token_dtype="int32", seed=1)
+    w = make_logits_workload(cfg)
+    assert w.target_logits.shape == (6, 4, 100) and w.draft_logits.shape == (6, 3, 100)
+    assert w.target_logits.dtype == torch.bfloat16 and w.draft_tokens.dtype == torch.int32
+    assert w.target_temperature.tolist() == pytest.approx([0.0, 0.7, 1.0, 1.3, 0.0, 0.7])
+    greedy = w.draft_temperature == 0
+    assert torch.equal(w.draft_tokens[greedy].long(), w.draft_logits[greedy].float().argmax(dim=2))
+    again = make_logits_workload(cfg)
+    assert torch.equal(w.target_logits, again.target_logits) and torch.equal(w.draft_tokens, again.draft_tokens)
+
+
+def test_draft_noise_zero_accepts_everything():
+    w = make_logits_workload(LogitsConfig(64, 4, vocab_size=50, draft_noise=0.0, seed=2))
+    assert bool((reference.reference_outputs(w)["accepted_lengths"] == 4).all())
+
+
+@pytest.mark.parametrize("change,message", [({"rule": "tree"}, "rule"), ({"logits_dtype": "float16"}, "dtype"),
+                                            ({"temperatures": (-1.0,)}, "temperatures"), ({"gamma": 0}, "gamma")])
+def test_config_validation_names_the_bad_value(change, message):
+    with pytest.raises(SdbenchError, match=message):
+        LogitsConfig(2, 2).replace(**change)
+
+
+def test_roofline_bytes():
+    cfg = LogitsConfig(32, 8, vocab_size=128256, logits_dtype="bfloat16")
+    assert logits_read_floor_bytes(cfg) == 32 * 17 * 128256 * 2  # ~140 MB: every logit once
+    fused = design_bytes(cfg, "fused_logits")
+    softmax = design_bytes(cfg, "softmax_then_prob")
+    assert fused["read"] == logits_read_floor_bytes(cfg) + 32 * 2 * 128256 * 2 and fused["written"] == 0
+    assert softmax["written"] == 32 * 17 * 128256 * 4 and softmax["read"] > fused["read"]
+    with pytest.raises(SdbenchError, match="design"):
+        design_bytes(cfg, "magic")
+
+
+def test_benchmark_grid_is_the_issues_grid():
+    grid = list(benchmark_grid())
+    assert len(grid) == 4 * 3 * 3 * 2
+    assert {c.batch_size for c in grid} == {1, 32, 128, 512} and {c.gamma for c in grid} == {4, 8, 16}
+    assert {c.vocab_size for c in grid} == {32000, 128256, 151936} and {c.logits_dtype for c in grid} == {"bfloat16", "float32"}
+    assert all(c.rule == "block" for c in benchmark_grid(rule="block"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_softmax_buffers_fill_the_reference_probabilities(dtype):
+    """The probability peers' softmax (preallocated, greedy rows one-hot) equals the definition."""
+    from sdbench.ops.prob_verify_logits.common import SoftmaxBuffers
+
+    w = make_logits_workload(LogitsConfig(6, 3, vocab_size=70, logits_dtype=dtype, seed=8))
+    buffers = SoftmaxBuffers(w.target_logits, w.draft_logits)
+    buffers.target_probs.fill_(-1)
+    buffers.fill(w.target_logits, w.draft_logits, w.target_temperature, w.draft_temperature)
+    assert torch.equal(buffers.target_probs, reference.temperature_probs(w.target_logits, w.target_temperature))
+    assert torch.equal(buffers.draft_probs, reference.temperature_probs(w.draft_logits, w.draft_temperature))
+
+
+def test_make_workload_dispatches_to_the_logits_workload():
+    from sdbench.ops import make_workload
+    from sdbench.ops.workload import VerifyConfig
+
+    w = make_workload("prob_verify_logits", VerifyConfig(2, 3, vocab_size=40, prob_dtype="bfloat16", seed=1))
+    assert w.target_logits.shape == (2, 4, 40) and w.target_logits.dtype == torch.bfloat16
+
+
+def test_parity_knows_the_logits_reference_and_catches_a_wrong_sampler():
+    from sdbench import parity, registry
+    from sdbench.registry import BufferedRun, Implementation
+
+    w = make_logits_workload(LogitsConfig(16, 4, vocab_size=60, seed=9))
+    assert parity.check(registry.get("prob_verify_logits", "torch_eager"), w) is None
+
+    def off_by_one(workload):
+        outputs = reference.reference_outputs(workload)
+
+        def launch():
+            outputs["accepted_lengths"].clamp_(max=3).add_(1)  # claims one draft too many
+        return BufferedRun(launch, outputs)
+
+    wrong = Implementation(op="prob_verify_logits", name="off_by_one", backend="torch", description="",
+                           prepare=off_by_one, devices=("cpu",))
+    assert "accepted_lengths" in parity.check(wrong, w)
+
+
+def test_bench_rows_carry_the_floor_the_bytes_and_both_rules():
+    from sdbench.commands.logits_bench import time_point
+
+    cfg = LogitsConfig(4, 2, vocab_size=64, seed=3)
+    rows = time_point(cfg, ["torch_eager", "softmax_flashinfer"], cold_l2=False, tbps=3.0, views=("cpu",), device="cpu")
+    eager, flashinfer = rows
+    assert eager["design"] == "torch_eager" and eager["cpu_us"] > 0 and eager["floor_bytes"] == 4 * 5 * 64 * 4
+    assert eager["vs_floor_plus_3us"] == pytest.approx(eager["cpu_us"] / (1.3 * eager["floor_us"] + 3.0), rel=1e-2)
+    assert flashinfer["reason"] and "cpu_us" not in flashinfer
+    assert 0 <= eager["mean_length_token"] <= 2 and 0 <= eager["mean_length_block"] <= 2

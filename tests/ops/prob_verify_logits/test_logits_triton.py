@@ -1,0 +1,150 @@
+"""The from-logits Triton kernels on CPU tensors under TRITON_INTERPRET=1 (one subprocess, a JSON verdict
+per case, as tests/ops/prob_verify/test_prob_triton.py does).
+
+Supplied randomness: tokens and lengths of `fused_logits`, `vllm_v2_style` and `softmax_fused_prob`
+equal the float32 reference (the sizes here are far from near-ties). Fast randomness: determinism,
+fused_logits and vllm_v2_style agree (the same Philox streams, keyed by column), the race scratch is
+left zeroed, the stats split plan covers the row. Block verification is refused by the kernels with a
+reason. Sizes stay tiny: the interpreter runs ~10-30 ms per program.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdbench import registry
+from sdbench.ops.prob_verify_logits.workload import LogitsConfig
+
+REPO = Path(__file__).resolve().parents[3]
+KERNEL_IMPLS = ("fused_logits", "vllm_v2_style", "softmax_fused_prob")
+PARITY_CONFIGS = {
+    "fp32_mixed": LogitsConfig(5, 3, vocab_size=300, seed=1),
+    "bf16_mixed_gamma1": LogitsConfig(4, 1, vocab_size=131, logits_dtype="bfloat16", seed=2),
+    "all_greedy_int32": LogitsConfig(3, 4, vocab_size=200, temperatures=(0.0,), draft_noise=0.1, token_dtype="int32",
+                                     seed=3),
+    "all_sampled_bonus": LogitsConfig(3, 3, vocab_size=97, temperatures=(0.8, 1.7), draft_noise=0.0, seed=4),
+    "early_rejections": LogitsConfig(4, 4, vocab_size=250, draft_noise=3.0, seed=5),
+}
+FAST_CASES = ("fused_logits_fast_is_deterministic", "fused_logits_fast_equals_vllm_v2_style_fast",
+              "fused_logits_leaves_scratch_clean", "stats_plan_covers_the_row", "fused_logits_any_split_agrees")
+CASES = tuple(f"parity_{name}_{config}" for name in KERNEL_IMPLS for config in PARITY_CONFIGS) + FAST_CASES
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, str | None]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.fail(f"interpreter run failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CASES)
+def test_logits_kernel_under_interpreter(verdicts, case):
+    assert case in verdicts, f"case {case} did not run"
+    assert verdicts[case] is None, verdicts[case]
+
+
+@pytest.mark.parametrize("name", KERNEL_IMPLS + ("softmax_flashinfer",))
+def test_kernels_refuse_block_verification_with_a_reason(name):
+    reason = registry.get("prob_verify_logits", name).supports(LogitsConfig(2, 2, rule="block"))
+    assert reason and "torch_eager" in reason
+    assert registry.get("prob_verify_logits", name).supports(LogitsConfig(2, 2)) is None
+
+
+def test_softmax_flashinfer_is_optional_with_a_reason():
+    assert registry.get("prob_verify_logits", "softmax_flashinfer").unavailable_reason("cpu")
+
+
+# --- the interpreter run -----------------------------------------------------------------------
+def _run_cases() -> dict[str, str | None]:
+    import torch
+
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.checks import check
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+    from sdbench.ops.prob_verify_logits.workload import make_logits_workload
+
+    verdicts: dict[str, str | None] = {}
+
+    def record(case, run):
+        try:
+            verdicts[case] = run()
+        except Exception as err:  # a crash is a failed case with its message
+            verdicts[case] = f"raised {type(err).__name__}: {err}"
+
+    for config_name, cfg in PARITY_CONFIGS.items():
+        workload = make_logits_workload(cfg)
+        for name in KERNEL_IMPLS:
+            impl = registry.get("prob_verify_logits", name)
+            record(f"parity_{name}_{config_name}", lambda impl=impl, workload=workload: check(impl, workload))
+
+    fused, vllm = registry.get("prob_verify_logits", "fused_logits"), registry.get("prob_verify_logits", "vllm_v2_style")
+    fast = make_logits_workload(LogitsConfig(4, 3, vocab_size=300, seed=7)).with_randomness("fast", offset=3)
+
+    def snapshot(run):
+        return {key: value.clone() for key, value in run().items()}
+
+    def deterministic():
+        run = fused.prepare(fast)
+        first, second, fresh = snapshot(run), snapshot(run), snapshot(fused.prepare(fast))
+        same = all(torch.equal(first[k], second[k]) and torch.equal(first[k], fresh[k]) for k in first)
+        return None if same else f"tokens changed between launches: {first['output_tokens']} vs {second['output_tokens']}"
+
+    def equals_vllm():
+        a, b = snapshot(fused.prepare(fast)), snapshot(vllm.prepare(fast))
+        same = all(torch.equal(a[k], b[k]) for k in b)  # the peer writes no error_flags
+        return None if same else f"fused_logits {a['output_tokens'].tolist()} != vllm {b['output_tokens'].tolist()}"
+
+    def scratch_clean():
+        inputs = kernels.LogitsTensors(fast.draft_tokens, fast.target_logits, fast.draft_logits,
+                                       fast.target_temperature, fast.draft_temperature, fast.uniforms,
+                                       fast.exponential_noise)
+        launch = kernels.fused_logits_launcher(inputs, allocate_outputs(fast), fast=True, seed=7, offset=3)
+        launch()
+        launch()
+        best, arrivals = launch.scratch
+        return None if not best.any() and not arrivals.any() else f"scratch not reset: {best}, {arrivals}"
+
+    def plan_covers():
+        failures = []
+        for rows, vocab, target in ((9, 32000, 528), (33, 151936, 528), (16896, 151936, 528), (3, 7, 100), (1, 64, 1)):
+            plan = kernels.stats_plan(rows, vocab, target, tile=2048)
+            ok = (plan.span % 2048 == 0 and (plan.splits - 1) * plan.span < vocab <= plan.splits * plan.span
+                  and (rows * plan.splits >= target or plan.span == 2048))
+            if not ok:
+                failures.append((rows, vocab, target, plan))
+        return None if not failures else f"stats plan violated: {failures}"
+
+    def any_split():
+        """Pass 1's split of each row changes the partials, never the tokens (supplied randomness)."""
+        w = make_logits_workload(LogitsConfig(3, 2, vocab_size=300, seed=9))
+        inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                       w.draft_temperature, w.uniforms, w.exponential_noise)
+        seen = []
+        for span in (64, 128, 320):
+            outputs = allocate_outputs(w)
+            plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
+            kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan)()
+            seen.append(outputs["output_tokens"].clone())
+        same = all(torch.equal(tokens, seen[0]) for tokens in seen)
+        return None if same else f"tokens differ by split: {seen}"
+
+    for case, run in zip(FAST_CASES, (deterministic, equals_vllm, scratch_clean, plan_covers, any_split), strict=True):
+        record(case, run)
+    return verdicts
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through pytest, which sets TRITON_INTERPRET=1"
+    print(json.dumps(_run_cases()))
