@@ -85,9 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--views", default="gpu", help="comma list of gpu, graph, wall")
     parser.add_argument("--rule", default="token", choices=("token", "block"),
                         help="acceptance rule timed (block: torch_eager only; the kernels give their reason)")
+    parser.add_argument("--b", default=None, help="comma list: only these batch sizes of the grid")
+    parser.add_argument("--gamma", default=None, help="comma list: only these γ of the grid")
+    parser.add_argument("--vocab", default=None, help="comma list: only these vocabulary sizes of the grid")
     args = parser.parse_args(argv)
+
+    def keep(value: int, chosen: str | None) -> bool:
+        return chosen is None or value in {int(word) for word in chosen.split(",")}
+
     grid = [cfg for cfg in benchmark_grid(rule=args.rule)
-            if not args.quick or (cfg.batch_size, cfg.gamma, cfg.vocab_size) == (32, 8, 128256)]
+            if (not args.quick or (cfg.batch_size, cfg.gamma, cfg.vocab_size) == (32, 8, 128256))
+            and keep(cfg.batch_size, args.b) and keep(cfg.gamma, args.gamma) and keep(cfg.vocab_size, args.vocab)]
     rows = []
     for cfg in grid:
         for cold in (True, False):
