@@ -80,6 +80,7 @@ def test_fast_mode_is_deterministic_and_the_designs_agree(dtype):
     vllm = _snapshot(registry.get("prob_verify_logits", "vllm_v2_style").prepare(fast)())
     for name in first:
         assert torch.equal(first[name], second[name]), name
+    for name in vllm:  # the peer writes no error_flags
         assert torch.equal(first[name], vllm[name]), name
     other = _snapshot(registry.get("prob_verify_logits", "fused_logits").prepare(fast.with_randomness("fast", 6))())
     assert not torch.equal(first["output_tokens"], other["output_tokens"])

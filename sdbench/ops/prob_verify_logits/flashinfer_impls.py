@@ -5,9 +5,9 @@ only (FlashInfer draws its own Philox), checked in distribution."""
 from __future__ import annotations
 
 from sdbench.ops.prob_verify.flashinfer_impls import _flashinfer_probe
-from sdbench.ops.prob_verify_logits.common import SoftmaxBuffers, token_rule_only, warm_up
+from sdbench.ops.prob_verify_logits.common import SoftmaxBuffers, token_rule_only
 from sdbench.ops.prob_verify_logits.workload import LogitsWorkload
-from sdbench.registry import BufferedRun, Implementation, register
+from sdbench.registry import Implementation, register
 
 
 def _prepare_softmax_flashinfer(w: LogitsWorkload):
@@ -17,14 +17,15 @@ def _prepare_softmax_flashinfer(w: LogitsWorkload):
     buffers = SoftmaxBuffers(w.target_logits, w.draft_logits)
     logits = (w.target_logits, w.draft_logits, w.target_temperature, w.draft_temperature)
     buffers.fill(*logits)
-    # the prob_verify entry owns FlashInfer's call (signature probing, counters); it refuses supplied randomness
+    # the prob_verify entry owns FlashInfer's call as an engine makes it (int32 ids, float32 probabilities,
+    # counters zeroed and reused; its outputs in FlashInfer's layout); it refuses supplied randomness
     sampler = registry.get("prob_verify", "flashinfer_chain").prepare(prob_workload_over(w, buffers))
 
-    def launch():
+    def run():
         buffers.fill(*logits)
-        sampler.launch()
+        return sampler()
 
-    return warm_up(BufferedRun(launch, sampler.outputs), w)
+    return run
 
 
 register(Implementation(
