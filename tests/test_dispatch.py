@@ -1,5 +1,5 @@
 """The dispatcher: picks by τ on estimated accepted KV bytes, never reads tensors, falls back (warning once)
-to the published L40S default when no profile matches the GPU."""
+to the sync-free `fused` when no profile matches the GPU."""
 
 import math
 import warnings
@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from sdbench import dispatch, thresholds
 from sdbench.cli import app
+from sdbench.ops.workload import VerifyConfig
 from sdbench.thresholds import Profile
 
 runner = CliRunner()
@@ -72,14 +73,35 @@ def test_profile_for_a_calibrated_gpu(isolated_profiles):
     assert found == PROFILE and source.endswith("nvidia-h100-80gb-hbm3.toml")
 
 
-def test_unknown_gpu_falls_back_to_the_l40s_default_warning_once():
-    with pytest.warns(UserWarning, match="no profile for 'NVIDIA B200'.*published L40S"):
+def test_unknown_gpu_falls_back_to_sync_free_fused_warning_once():
+    with pytest.warns(UserWarning, match="no profile for 'NVIDIA B200'.*always fused.*sdbench calibrate-tau"):
         found, source = dispatch.profile_for_gpu("NVIDIA B200", "10.0")
-    assert found is dispatch.DEFAULT_PROFILE and found.tau_bytes == 5e6 and source == dispatch.DEFAULT_SOURCE
+    assert found is dispatch.DEFAULT_PROFILE and source == dispatch.DEFAULT_SOURCE
     dispatch.profile_for_gpu.cache_clear()  # even when asked again from scratch: no second warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dispatch.profile_for_gpu("NVIDIA B200", "10.0")
+    from sdbench import registry
+
+    for batch, gamma, kv_dim, alpha in [(1, 4, 64, 0.3), (32, 128, 2048, 0.9), (65536, 8, 128, 0.9)]:
+        decision = dispatch.decide(batch, gamma, kv_dim, 2, alpha, found, source)
+        entry = registry.get("verify_pack", decision.impl)
+        assert decision.impl == "fused" and not entry.sync and entry.supports(
+            VerifyConfig(batch, gamma, alpha, kv_dim=kv_dim)) is None, (batch, decision)
+
+
+def test_unknown_gpu_on_a_device_picks_fused(monkeypatch):
+    """choose() on a CUDA device whose name has no profile: the decision, without a real GPU."""
+    dispatch.reset()
+    import functools
+
+    # cached like the originals, so dispatch.reset() can clear them
+    monkeypatch.setattr(dispatch, "_device_identity", functools.cache(lambda index: ("NVIDIA H200 NVL", "9.0")))
+    monkeypatch.setattr(dispatch, "_availability", functools.cache(lambda name, device: None))
+    with pytest.warns(UserWarning, match="NVIDIA H200 NVL"):
+        decision = dispatch.choose("cuda:0", 256, 8, 1024, 2, 0.9)
+    assert decision.impl == "fused" and decision.profile_source == dispatch.DEFAULT_SOURCE
+    dispatch.reset()
 
 
 def test_cpu_tensors_run_the_eager_reference():
@@ -98,8 +120,8 @@ def test_list_dispatch_with_the_default(isolated_profiles):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())
-    assert "built-in default (published L40S study, τ ≈ 5 MB)" in output
-    assert "= 15.1 MB" in output and "decision: ballot+pack_torch" in output
+    assert "built-in default (always fused: one launch, any B, no host sync)" in output
+    assert "= 15.1 MB" in output and "decision: fused" in output
 
 
 def test_list_dispatch_with_a_profile(isolated_profiles):
