@@ -4,12 +4,13 @@ Library API (sdbench.api; imported on first use, so the CLI starts without loadi
     sdbench.verify(draft_tokens, target_tokens, impl="ballot")
     sdbench.pack(draft_kv, accepted_lengths, impl="pack_cuda")
     sdbench.verify_pack(draft_tokens, target_tokens, draft_kv, impl="auto", expected_alpha=None)
+    sdbench.check(outputs)   # raise on bad input flagged by the kernels (reads the flags: a sync)
 """
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "pack", "verify", "verify_pack"]
+__all__ = ["__version__", "check", "pack", "verify", "verify_pack"]
 
-_API = ("verify", "pack", "verify_pack")
+_API = ("verify", "pack", "verify_pack", "check")
 
 
 def __getattr__(name: str):

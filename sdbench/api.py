@@ -11,8 +11,14 @@ torch.ops.sdbench), so results never depend on which one ran:
 - pack:        packed_kv [B·γ, kv_dim] (KV dtype; rows past Σ k_i are unspecified), packed_offsets int64 [B]
 - verify_pack: all five.
 CPU tensors run the eager PyTorch reference (`torch_eager`) whatever impl is asked for, unless that
-implementation runs on the CPU itself. Values are never checked (that would read the device: a host
-sync); accepted_lengths given to `pack` must lie in [0, γ].
+implementation runs on the CPU itself. Values are never checked here (that would read the device: a host
+sync): bad values (accepted lengths outside [0, γ] given to `pack`) follow the input contract
+(sdbench.ops.input_contract: clamped, flagged in `error_flags`), and `sdbench.check(outputs)` raises on
+them at the caller's own sync point.
+
+One rule each, for every function: batch and γ are >= 1 (an empty batch is an error, not a no-op);
+`expected_alpha` is a real number in [0, 1] (not a bool); an `out=` buffer may not overlap an input or
+another output (the kernels would race on it).
 
 `impl="auto"` asks sdbench.dispatch, which decides from shapes and the expected acceptance: the caller's
 `expected_alpha` (E[k] / γ), else the mean of the previous auto step on this device, read only once its
@@ -22,6 +28,7 @@ asynchronous copy has landed (no sync), else 1.0 (every draft accepted: the uppe
 from __future__ import annotations
 
 import functools
+import numbers
 
 import torch
 
@@ -76,8 +83,8 @@ def _check_tokens(draft_tokens, target_tokens) -> tuple[int, int]:
 
 def _check_kv(draft_kv, batch: int | None, gamma: int | None, device: torch.device | None, allow_float32: bool) -> None:
     kv = _require_tensor("draft_kv", draft_kv)
-    if kv.dim() != 3 or kv.shape[2] < 1:
-        raise SdbenchError(f"draft_kv must be 3-D [batch, gamma, kv_dim] with kv_dim >= 1, got shape {_shape(kv)}")
+    if kv.dim() != 3 or min(kv.shape) < 1:
+        raise SdbenchError(f"draft_kv must be 3-D [batch, gamma, kv_dim] with all three >= 1, got shape {_shape(kv)}")
     if batch is not None and tuple(kv.shape[:2]) != (batch, gamma):
         raise SdbenchError(f"draft_kv must be [batch, gamma, kv_dim] = [{batch}, {gamma}, kv_dim] to match the tokens, "
                            f"got {_shape(kv)}")
@@ -122,8 +129,37 @@ VERIFY_OUTPUTS = ("accepted_lengths", "has_mismatch", "next_tokens")
 PACK_OUTPUTS = ("packed_kv", "packed_offsets")
 
 
-def _outputs(out: Outputs | None, specs: dict, device: torch.device) -> Outputs:
-    """The caller's buffers, checked, plus fresh ones for any not given."""
+def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
+    """[first, last) bytes a tensor's elements can touch (from its strides; never reads the device)."""
+    if tensor.numel() == 0:
+        return tensor.data_ptr(), tensor.data_ptr()
+    low = high = tensor.data_ptr()
+    for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
+        reach = (size - 1) * stride * tensor.element_size()
+        low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+    return low, high + tensor.element_size()
+
+
+def _check_no_overlap(buffers: Outputs, given: Outputs, inputs: dict[str, torch.Tensor | None]) -> None:
+    """No caller buffer shares memory with an input or another output: the kernels would race on it."""
+    others = {name: tensor for name, tensor in inputs.items() if tensor is not None}
+    others.update({f"out[{name!r}]": buffers[name] for name in buffers})
+    for name, tensor in given.items():
+        if tensor is None or tensor.numel() == 0:
+            continue
+        first, last = _byte_range(tensor)
+        for other_name, other in others.items():
+            if other_name == f"out[{name!r}]" or other.device != tensor.device or other.numel() == 0:
+                continue
+            other_first, other_last = _byte_range(other)
+            if first < other_last and other_first < last:
+                raise SdbenchError(f"out[{name!r}] overlaps {other_name} in memory: outputs must not alias the inputs "
+                                   "or each other (the kernels would race); pass a separate buffer")
+
+
+def _outputs(out: Outputs | None, specs: dict, device: torch.device, inputs: dict | None = None) -> Outputs:
+    """The caller's buffers, checked (also for overlap with the inputs and each other), plus fresh ones for
+    any not given."""
     if out is not None and not isinstance(out, dict):
         raise SdbenchError(f"out must be a dict of output tensors keyed by {', '.join(specs)}, got {type(out).__name__}")
     given = dict(out or {})
@@ -145,6 +181,7 @@ def _outputs(out: Outputs | None, specs: dict, device: torch.device) -> Outputs:
         if not tensor.is_contiguous():
             raise SdbenchError(f"out[{name!r}] must be contiguous")
         buffers[name] = tensor
+    _check_no_overlap(buffers, {name: given.get(name) for name in specs}, inputs or {})
     return buffers
 
 
@@ -285,7 +322,7 @@ def verify(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, *, impl: str
         _check_contiguous(entry.name, draft_tokens=draft_tokens, target_tokens=target_tokens)
         _check_supports("verify", entry, batch, gamma, draft_tokens.dtype, None)
     specs = _output_specs(batch, gamma, draft_tokens.dtype, None, None, VERIFY_OUTPUTS)
-    buffers = _outputs(out, specs, device)
+    buffers = _outputs(out, specs, device, {"draft_tokens": draft_tokens, "target_tokens": target_tokens})
     return _run("verify", entry, draft_tokens=draft_tokens, target_tokens=target_tokens, buffers=buffers)
 
 
@@ -302,7 +339,7 @@ def pack(draft_kv: torch.Tensor, accepted_lengths: torch.Tensor, *, impl: str = 
         _check_contiguous(entry.name, draft_kv=draft_kv, accepted_lengths=accepted_lengths)
         _check_supports("pack", entry, batch, gamma, torch.int64, draft_kv)
     specs = _output_specs(batch, gamma, torch.int64, kv_dim, draft_kv.dtype, PACK_OUTPUTS)
-    buffers = _outputs(out, specs, device)
+    buffers = _outputs(out, specs, device, {"draft_kv": draft_kv, "accepted_lengths": accepted_lengths})
     return _run("pack", entry, draft_kv=draft_kv, accepted_lengths=accepted_lengths, buffers=buffers)
 
 
@@ -317,7 +354,8 @@ def verify_pack(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, draft_k
     device = draft_tokens.device
     _check_kv(draft_kv, batch, gamma, device, allow_float32=device.type == "cpu")
     kv_dim = draft_kv.shape[2]
-    if expected_alpha is not None and not (isinstance(expected_alpha, (int, float)) and 0.0 <= expected_alpha <= 1.0):
+    if expected_alpha is not None and not (isinstance(expected_alpha, numbers.Real) and not isinstance(expected_alpha, bool)
+                                           and 0.0 <= expected_alpha <= 1.0):
         raise SdbenchError(f"expected_alpha must be a number in [0, 1] (the expected accepted fraction E[k]/γ), "
                            f"got {expected_alpha!r}")
     track = False
@@ -335,9 +373,23 @@ def verify_pack(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, draft_k
         _check_contiguous(entry.name, draft_tokens=draft_tokens, target_tokens=target_tokens, draft_kv=draft_kv)
         _check_supports("verify_pack", entry, batch, gamma, draft_tokens.dtype, draft_kv)
     specs = _output_specs(batch, gamma, draft_tokens.dtype, kv_dim, draft_kv.dtype, VERIFY_OUTPUTS + PACK_OUTPUTS)
-    buffers = _outputs(out, specs, device)
+    buffers = _outputs(out, specs, device, {"draft_tokens": draft_tokens, "target_tokens": target_tokens,
+                                            "draft_kv": draft_kv})
     outputs = _run("verify_pack", entry, draft_tokens=draft_tokens, target_tokens=target_tokens, draft_kv=draft_kv,
                    buffers=buffers)
     if track:
         _previous.setdefault(str(device), _PreviousMean()).record(outputs["accepted_lengths"], gamma)
     return outputs
+
+
+def check(outputs: Outputs) -> None:
+    """Raise SdbenchError when outputs' error_flags report bad input (a draft token outside [0, V), an
+    accepted length outside [0, γ]); outputs without flags pass. This reads the flags to the host, so it
+    syncs: call it where you synchronize anyway, never on the hot path (the kernels themselves never sync
+    to report bad input; see sdbench.ops.input_contract)."""
+    from sdbench.ops.input_contract import check_error_flags
+
+    if not isinstance(outputs, dict):
+        raise SdbenchError(f"check takes the outputs dict a verification call returned, got {type(outputs).__name__}")
+    check_error_flags(outputs)
+

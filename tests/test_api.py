@@ -30,6 +30,7 @@ def _packed_equal(out, expected):
 
 def test_exports():
     assert sdbench.verify is api.verify and sdbench.pack is api.pack and sdbench.verify_pack is api.verify_pack
+    assert sdbench.check is api.check
     from sdbench import verify_pack  # noqa: F401  (module __getattr__ serves from-imports too)
 
 
@@ -165,3 +166,52 @@ def test_a_newly_registered_implementation_is_reachable_with_nothing_else_edited
     out = sdbench.verify(workload.draft_tokens, workload.target_tokens, impl="plain_loop_test")
     assert calls == [workload.draft_tokens.data_ptr()]  # launched on the caller's tensors, no copy of inputs
     assert torch.equal(out["accepted_lengths"], workload.accepted_lengths)
+
+
+# --- one rule each (issue #13, item 5) --------------------------------------------------------------
+def test_an_empty_batch_is_an_error_everywhere(workload):
+    draft, target, kv = workload.draft_tokens, workload.target_tokens, workload.draft_kv
+    _bad(lambda: sdbench.verify(draft[:0], target[:0]), r"draft_tokens must be 2-D \[batch, gamma\] with both >= 1")
+    _bad(lambda: sdbench.verify_pack(draft[:0], target[:0], kv[:0]), r"with both >= 1")
+    _bad(lambda: sdbench.pack(kv[:0], workload.accepted_lengths[:0]), r"draft_kv must be 3-D .* all three >= 1")
+    _bad(lambda: sdbench.pack(kv[:, :0], workload.accepted_lengths), r"all three >= 1")
+
+
+@pytest.mark.parametrize("alpha", [True, False, "0.5", float("nan")])
+def test_expected_alpha_must_be_a_real_number_in_0_1(workload, alpha):
+    _bad(lambda: sdbench.verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv,
+                                     expected_alpha=alpha), r"expected_alpha must be a number in \[0, 1\]")
+
+
+def test_numpy_and_integer_alphas_are_numbers(workload):
+    import numpy as np
+
+    for alpha in (np.float32(0.5), np.float64(0.25), 1, 0):
+        sdbench.verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv, expected_alpha=alpha)
+
+
+def test_outputs_may_not_alias_inputs_or_each_other(workload):
+    draft, target, kv = workload.draft_tokens, workload.target_tokens, workload.draft_kv
+    lengths = workload.accepted_lengths
+    as_next = target[:, 0].contiguous()  # a separate buffer: fine
+    sdbench.verify(draft, target, out={"next_tokens": as_next})
+    _bad(lambda: sdbench.verify(draft, target, out={"next_tokens": draft.view(-1)[:5]}),
+         r"out\['next_tokens'\] overlaps draft_tokens in memory")
+    _bad(lambda: sdbench.verify(draft, target, out={"next_tokens": target.view(-1)[7:12]}), r"overlaps target_tokens")
+    _bad(lambda: sdbench.pack(kv, lengths, out={"packed_offsets": lengths}), r"out\['packed_offsets'\] overlaps accepted_lengths")
+    shared = torch.empty(10, dtype=torch.int64)
+    _bad(lambda: sdbench.verify_pack(draft, target, kv, impl="torch_eager",
+                                     out={"accepted_lengths": shared[:5], "packed_offsets": shared[3:8]}),
+         r"overlaps out\[")
+    disjoint = torch.empty(10, dtype=torch.int64)  # two outputs in one allocation, not overlapping: fine
+    sdbench.verify_pack(draft, target, kv, impl="torch_eager",
+                        out={"accepted_lengths": disjoint[:5], "packed_offsets": disjoint[5:]})
+
+
+def test_check_raises_on_flagged_bad_input(workload):
+    out = sdbench.pack(workload.draft_kv, torch.tensor([0, 9, 10, -1, 3]))  # γ = 9: two lengths out of range
+    with pytest.raises(SdbenchError, match=r"bad input in 2 sequence\(s\) \(2, 3\).*accepted length outside"):
+        sdbench.check(out)
+    sdbench.check(sdbench.pack(workload.draft_kv, workload.accepted_lengths))  # clean: no error
+    sdbench.check(sdbench.verify(workload.draft_tokens, workload.target_tokens))  # no flags at all: passes
+    _bad(lambda: sdbench.check([1]), r"check takes the outputs dict")
