@@ -26,9 +26,11 @@ from test_prob_exactness import (  # noqa: E402
     SIGNIFICANCE,
     _pairs_of_sequences,
     _residual_draws_of_two_calls,
+    SPECIAL_CASES,
     exactness_pvalues,
     fixed_distributions,
     make_rounds,
+    special_distributions,
     stored_distributions,
 )
 
@@ -140,6 +142,26 @@ def _fused_with_plan(workload, plan):
     torch.cuda.synchronize()
     assert not best.any() and not arrivals.any(), "scratch not reset"
     return outputs
+
+
+SPECIAL_KERNEL_CASES = [(name, kind, gamma) for name in ("fused", "flashspec", "flashinfer_chain+adapter")
+                        for kind, gamma in SPECIAL_CASES]
+
+
+@pytest.mark.parametrize("name, kind, gamma", SPECIAL_KERNEL_CASES,
+                         ids=[f"{n}-{k}-g{g}" for n, k, g in SPECIAL_KERNEL_CASES])
+def test_kernels_are_exact_on_special_supports(name, kind, gamma):
+    """Zeros in p and in q, p == q (every draft accepted: the bonus path), γ = 1, 4, 16, fast randomness."""
+    impl = registry.get("prob_verify", name)
+    p, q = special_distributions(kind, gamma)
+    rounds = make_rounds(p, q, device=DEVICE, seed=gamma)
+    reason = impl.unavailable_reason(DEVICE, rounds.config)
+    if reason is not None:
+        pytest.skip(reason)
+    torch.manual_seed(17)
+    outputs = impl.prepare(rounds.with_randomness("fast", offset=2))()
+    pvalues = exactness_pvalues(outputs, *stored_distributions(rounds))
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues
 
 
 @pytest.mark.parametrize("randomness", ["supplied", "fast"])

@@ -245,3 +245,50 @@ def test_consecutive_calls_are_independent_and_a_reused_offset_fails(rounds_fp32
     assert _residual_draws_of_two_calls(first, second, p, q) > SIGNIFICANCE
     reused = run_reference(rounds_fp32), run_reference(rounds_fp32)
     assert _residual_draws_of_two_calls(*reused, p, q) < SIGNIFICANCE
+
+
+# --- supports with zeros, p == q, and γ from 1 to 16 (issue #13) -----------------------------------
+def special_distributions(kind: str, gamma: int, vocab: int = VOCAB, seed: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """'zeros': p and q each vanish on their own third of the vocabulary (so q proposes tokens p cannot
+    emit, which must always be rejected, and p has mass q never proposes, reachable only through the
+    residual); 'equal': q = p (every draft accepted, the bonus token drawn from p_γ)."""
+    p, q = fixed_distributions(vocab, gamma, seed)
+    if kind == "equal":
+        return p, p[:gamma].clone()
+    third = vocab // 3
+    p = p.clone()
+    q = q.clone()
+    p[:, :third] = 0
+    q[:, third:2 * third] = 0
+    return p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+
+
+SPECIAL_CASES = [(kind, gamma) for kind in ("zeros", "equal") for gamma in (1, 4, 16)]
+
+
+@pytest.mark.parametrize("kind, gamma", SPECIAL_CASES, ids=[f"{k}-g{g}" for k, g in SPECIAL_CASES])
+def test_reference_is_exact_on_special_supports(kind, gamma):
+    p, q = special_distributions(kind, gamma)
+    w = make_rounds(p, q, rounds=40_000 if gamma == 16 else ROUNDS, seed=gamma)
+    outputs = run_reference(w)
+    pvalues = exactness_pvalues(outputs, *stored_distributions(w))
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+    tokens = outputs["output_tokens"][:, 0]
+    if kind == "zeros":  # never a token p cannot produce, and p's mass outside q's support is reached
+        third = VOCAB // 3
+        assert not bool((tokens < third).any()) and bool((tokens >= 2 * third).any())
+    else:
+        assert bool((outputs["accepted_lengths"] == gamma).all())
+
+
+@pytest.mark.parametrize("kind", ["zeros", "equal"])
+def test_residual_from_p_fails_on_special_supports(kind):
+    """The must-fail variant still fails where the supports have zeros (p == q never reaches the residual,
+    so there the bonus draw is the only sample and a wrong residual cannot show)."""
+    p, q = special_distributions(kind, 4)
+    w = make_rounds(p, q)
+    pvalues = exactness_pvalues(_wrong_sampler(w, residual="from_p"), *stored_distributions(w))
+    if kind == "zeros":
+        assert pvalues["first_token"] < SIGNIFICANCE
+    else:
+        assert min(pvalues.values()) > SIGNIFICANCE  # identical by construction: the test says so
