@@ -431,3 +431,87 @@ TORCH_LIBRARY_IMPL(sdbench, CUDA, m) { m.impl("verify_ragged_ballot", &sdbench::
 
 TORCH_LIBRARY_IMPL(sdbench, Meta, m) { m.impl("verify_ragged_ballot", &sdbench::verify_ragged_ballot_meta); }
 // ==== END verify_ragged ============================================================================
+
+// ==== BEGIN asbs_loop (csrc/asbs_loop.cu; issue #16) ===============================================
+// The launch-once ASBS loop: state tensors are the caller's (sdbench/asbs/device.py) and persist across
+// launches; `rounds` bounds what one launch runs.
+
+namespace sdbench {
+
+struct AsbsParams {
+  uint32_t seed;
+  int rounds;
+  int history_rounds;
+  float alpha, high, low;
+  int min_block, mid_block, max_block, pressure_cap;
+  int page_size;
+  int64_t capacity_pages;
+  int adaptive;
+  int kv_dim;
+  int max_len;
+};
+
+cudaError_t launch_asbs_loop(float* ema, int32_t* block, int32_t* committed, const int32_t* target_len,
+                             const int32_t* phase_start, const int32_t* phase_value, int32_t* history,
+                             int32_t* round_state, void* kv, int64_t batch, const AsbsParams& params,
+                             cudaStream_t stream);
+
+namespace {
+
+void asbs_loop_op(at::Tensor& ema, at::Tensor& block, at::Tensor& committed, const at::Tensor& target_len,
+                  const at::Tensor& phase_start, const at::Tensor& phase_value, at::Tensor& history,
+                  at::Tensor& round_state, at::Tensor& kv, int64_t seed, int64_t rounds, double alpha, double high,
+                  double low, int64_t min_block, int64_t mid_block, int64_t max_block, int64_t pressure_cap,
+                  int64_t page_size, int64_t capacity_pages, bool adaptive) {
+  const at::Device device = ema.device();
+  const int64_t batch = ema.numel();
+  check_output(ema, "ema", at::kFloat, {batch}, device);
+  check_output(block, "block", at::kInt, {batch}, device);
+  check_output(committed, "committed", at::kInt, {batch}, device);
+  check_output(target_len, "target_len", at::kInt, {batch}, device);
+  check_output(phase_start, "phase_start", at::kInt, {batch, 4}, device);
+  check_output(phase_value, "phase_value", at::kInt, {batch, 4}, device);
+  check_cuda_contiguous(history, "history", device);
+  TORCH_CHECK(history.scalar_type() == at::kInt && history.dim() == 2 && history.size(0) == batch,
+              "sdbench: history must be int32 [B, rounds]");
+  check_output(round_state, "round_state", at::kInt, {1}, device);
+  check_cuda_contiguous(kv, "kv", device);
+  TORCH_CHECK(kv.scalar_type() == at::kHalf && (kv.numel() == 0 || (kv.dim() == 3 && kv.size(0) == batch)),
+              "sdbench: kv must be float16 [B, max_len, kv_dim] (or empty for none)");
+  TORCH_CHECK(max_block <= 32 && min_block >= 1 && min_block <= mid_block && mid_block <= max_block,
+              "sdbench: block sizes must satisfy 1 <= min <= mid <= max <= 32");
+  TORCH_CHECK(rounds >= 0 && rounds <= (1 << 30), "sdbench: rounds must be in [0, 2^30]");
+  AsbsParams params{static_cast<uint32_t>(seed), static_cast<int>(rounds), static_cast<int>(history.size(1)),
+                    static_cast<float>(alpha), static_cast<float>(high), static_cast<float>(low),
+                    static_cast<int>(min_block), static_cast<int>(mid_block), static_cast<int>(max_block),
+                    static_cast<int>(pressure_cap), static_cast<int>(page_size), capacity_pages, adaptive ? 1 : 0,
+                    kv.numel() == 0 ? 0 : static_cast<int>(kv.size(2)), kv.numel() == 0 ? 0 : static_cast<int>(kv.size(1))};
+  const c10::cuda::CUDAGuard guard(device);
+  check_launch(launch_asbs_loop(ema.data_ptr<float>(), block.data_ptr<int32_t>(), committed.data_ptr<int32_t>(),
+                                target_len.data_ptr<int32_t>(), phase_start.data_ptr<int32_t>(),
+                                phase_value.data_ptr<int32_t>(), history.data_ptr<int32_t>(),
+                                round_state.data_ptr<int32_t>(),
+                                kv.numel() == 0 ? nullptr : kv.data_ptr(), batch,
+                                params, current_stream()),
+               "asbs_loop");
+}
+
+void asbs_loop_meta(at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                    at::Tensor&, at::Tensor&, at::Tensor&, int64_t, int64_t, double, double, double, int64_t, int64_t,
+                    int64_t, int64_t, int64_t, int64_t, bool) {}
+
+}  // namespace
+}  // namespace sdbench
+
+TORCH_LIBRARY_FRAGMENT(sdbench, m) {
+  m.def(
+      "asbs_loop(Tensor(a!) ema, Tensor(b!) block, Tensor(c!) committed, Tensor target_len, Tensor phase_start, "
+      "Tensor phase_value, Tensor(d!) history, Tensor(e!) round_state, Tensor(f!) kv, int seed, int rounds, "
+      "float alpha, float high, float low, int min_block, int mid_block, int max_block, int pressure_cap, "
+      "int page_size, int capacity_pages, bool adaptive) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(sdbench, CUDA, m) { m.impl("asbs_loop", &sdbench::asbs_loop_op); }
+
+TORCH_LIBRARY_IMPL(sdbench, Meta, m) { m.impl("asbs_loop", &sdbench::asbs_loop_meta); }
+// ==== END asbs_loop ================================================================================
