@@ -761,3 +761,36 @@ def e2e_command(
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
+# --- asbs ------------------------------------------------------------------------------------------
+@command("asbs")
+def asbs_command(
+    batch: Annotated[int, typer.Option(help="Requests (the four acceptance profiles in turn).")] = 32,
+    target_len: Annotated[int, typer.Option(help="Tokens each request generates.")] = 256,
+    capacity_pages: Annotated[int | None, typer.Option(help="KV capacity in pages of 16 (default: 90% of what max blocks need).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the acceptance hash.")] = 0,
+    time_rounds: Annotated[str | None, typer.Option("--time", help="On a GPU: also time the persistent loop, a host loop and a CUDA graph per round for these round counts (e.g. 10,100,1000) and write --out.")] = None,
+    out: Annotated[str, typer.Option(help="CSV for --time.")] = "results/asbs.csv",
+) -> None:
+    """Adaptive speculative block sizing: fixed block sizes against ASBS (the simulator, docs/asbs.md); with
+    --time, the per-round cost of the launch-once loop on this GPU (csrc/asbs_loop.cu)."""
+    from pathlib import Path
+
+    from sdbench.asbs.__main__ import main as simulate_main
+
+    args = ["--batch", str(batch), "--target-len", str(target_len), "--seed", str(seed)]
+    if capacity_pages is not None:
+        args += ["--capacity-pages", str(capacity_pages)]
+    simulate_main(args)
+    if time_rounds is None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SdbenchError("--time needs a CUDA device: the loop under test is a CUDA kernel")
+    from sdbench.commands import asbs_bench
+
+    writable_folder(Path(out).parent, "--out")
+    asbs_bench.main(["--out", out, "--b", str(batch), "--rounds", time_rounds])
+    console.print(f"wrote {out}")

@@ -115,3 +115,13 @@ def test_runner_prints_the_table(capsys, monkeypatch):
     assert main(["--batch", "8", "--target-len", "64"]) == 0
     out = capsys.readouterr().out
     assert "ASBS" in out and "fixed 8" in out
+
+
+def test_cli_asbs_prints_the_comparison(monkeypatch):
+    from typer.testing import CliRunner
+
+    from sdbench.cli import app
+
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["asbs", "--batch", "4", "--target-len", "32"])
+    assert result.exit_code == 0, result.output
+    assert "ASBS" in result.output and "fixed 8" in result.output
