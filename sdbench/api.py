@@ -393,3 +393,127 @@ def check(outputs: Outputs) -> None:
         raise SdbenchError(f"check takes the outputs dict a verification call returned, got {type(outputs).__name__}")
     check_error_flags(outputs)
 
+
+
+# --- probabilistic verification ---------------------------------------------------------------------
+PROB_DEFAULT_IMPL = "fused"
+PROB_TORCH_DTYPES = (torch.float32, torch.bfloat16)
+_PROB_BINDINGS_MAX = 64  # prepared runs kept (an engine keeps a few persistent input buffers)
+_prob_bindings: dict[tuple, object] = {}
+
+
+def _check_prob_inputs(draft_tokens, target_probs, draft_probs, uniforms, exponential_noise) -> tuple[int, int, int]:
+    draft = _require_tensor("draft_tokens", draft_tokens)
+    target, q = _require_tensor("target_probs", target_probs), _require_tensor("draft_probs", draft_probs)
+    if draft.dim() != 2 or min(draft.shape) < 1:
+        raise SdbenchError(f"draft_tokens must be 2-D [batch, gamma] with both >= 1, got shape {_shape(draft)}")
+    if draft.dtype not in TOKEN_TORCH_DTYPES:
+        raise SdbenchError(f"draft_tokens dtype {_dtype_name(draft.dtype)} is not a token dtype: use int64 or int32")
+    batch, gamma = draft.shape
+    if target.dim() != 3 or tuple(target.shape[:2]) != (batch, gamma + 1) or target.shape[2] < 2:
+        raise SdbenchError(f"target_probs must be [batch, gamma + 1, V] = [{batch}, {gamma + 1}, V] with V >= 2, "
+                           f"got {_shape(target)}")
+    vocab = target.shape[2]
+    if tuple(q.shape) != (batch, gamma, vocab):
+        raise SdbenchError(f"draft_probs must be [batch, gamma, V] = [{batch}, {gamma}, {vocab}], got {_shape(q)}")
+    if target.dtype not in PROB_TORCH_DTYPES or q.dtype != target.dtype:
+        raise SdbenchError(f"target_probs and draft_probs must share a dtype, float32 or bfloat16; got "
+                           f"{_dtype_name(target.dtype)} and {_dtype_name(q.dtype)}")
+    for name, tensor in (("target_probs", target), ("draft_probs", q)):
+        if tensor.device != draft.device:
+            raise SdbenchError(f"{name} is on {tensor.device} but draft_tokens on {draft.device}: move them to one device")
+        if tensor.stride(-1) != 1:
+            raise SdbenchError(f"{name} needs a contiguous last dimension (pass {name}.contiguous())")
+    if (uniforms is None) != (exponential_noise is None):
+        raise SdbenchError("give both uniforms and exponential_noise (supplied randomness) or neither (the "
+                           "implementation draws its own from seed and offset)")
+    if uniforms is not None:
+        for name, tensor, shape in (("uniforms", uniforms, (batch, gamma)), ("exponential_noise", exponential_noise,
+                                                                              (batch, vocab))):
+            _require_tensor(name, tensor)
+            if tuple(tensor.shape) != shape or tensor.dtype != torch.float32 or tensor.device != draft.device:
+                raise SdbenchError(f"{name} must be float32 [{', '.join(map(str, shape))}] on {draft.device}, got "
+                                   f"{_dtype_name(tensor.dtype)} {_shape(tensor)} on {tensor.device}")
+            if not tensor.is_contiguous():
+                raise SdbenchError(f"{name} must be contiguous")
+    return batch, gamma, vocab
+
+
+def _prob_key(impl: str, tensors: tuple, seed: int, logprobs: bool) -> tuple:
+    """A binding: the same implementation on the same memory (pointer, shape, stride, dtype) of every input."""
+    return (impl, seed, logprobs) + tuple(
+        None if t is None else (t.device, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors)
+
+
+def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor, *,
+                impl: str = PROB_DEFAULT_IMPL, seed: int = 0, offset: int = 0, uniforms: torch.Tensor | None = None,
+                exponential_noise: torch.Tensor | None = None, logprobs: bool = False,
+                out: Outputs | None = None) -> Outputs:
+    """Probabilistic verification (Leviathan rejection sampling with the residual draw): the target's
+    distribution exactly, whatever the draft's.
+
+    Inputs: draft_tokens [B, γ] (int64/int32, drawn from q), target_probs p [B, γ+1, V] and draft_probs q
+    [B, γ, V] (float32 or bfloat16; log-probabilities with logprobs=True). Outputs: accepted_lengths int64 [B],
+    next_tokens [B] and output_tokens [B, γ+1] (the accepted drafts, the next token, then -1) in the token
+    dtype, and error_flags int32 [B] from sdbench's kernels (a draft token outside [0, V); see sdbench.check).
+
+    Randomness: with `uniforms` [B, γ] and `exponential_noise` [B, V] (float32) the call consumes them
+    (supplied: reproducible, equal to the reference draw for draw); without them the implementation draws
+    its own from (seed, offset) — the Triton kernels from an in-kernel Philox stream whose offset advances
+    on the device every call, torch_eager from torch's default generator.
+
+    Binding: the first call on a set of input tensors (same memory, shapes, dtypes) prepares the
+    implementation — Triton compiles and warms up, which syncs once, so make that call before any CUDA-graph
+    capture. Later calls on the same tensors only launch: no host sync, capturable. In the fast mode
+    `offset` is where a new binding's stream starts; afterwards the device counter advances by itself.
+    The returned tensors are the binding's own buffers, overwritten by its next call; pass `out=` (any of
+    the outputs) to have them copied into yours.
+    """
+    from sdbench.ops.prob_verify.workload import ProbWorkload
+
+    batch, gamma, vocab = _check_prob_inputs(draft_tokens, target_probs, draft_probs, uniforms, exponential_noise)
+    device = draft_tokens.device
+    if not isinstance(seed, int) or isinstance(seed, bool) or not isinstance(offset, int) or isinstance(offset, bool):
+        raise SdbenchError(f"seed and offset must be integers, got {seed!r} and {offset!r}")
+    entry = registry.get("prob_verify", impl)
+    if device.type not in entry.devices or entry.unavailable_reason(device) is not None:
+        if device.type != "cpu":
+            reason = entry.unavailable_reason(device) or f"runs on {'/'.join(entry.devices)} only"
+            raise SdbenchError(f"impl {impl!r} cannot run here: {reason} (try impl={EAGER!r})")
+        entry = registry.get("prob_verify", EAGER)  # CPU tensors: the eager reference, as the other functions
+    key = _prob_key(entry.name, (draft_tokens, target_probs, draft_probs, uniforms, exponential_noise), seed, logprobs)
+    run = _prob_bindings.get(key)
+    if run is None:
+        token_name = next(name for name, dtype in TOKEN_DTYPES.items() if dtype == draft_tokens.dtype)
+        config = VerifyConfig(batch_size=batch, gamma=gamma, vocab_size=vocab, token_dtype=token_name, seed=seed,
+                              prob_dtype=_dtype_name(target_probs.dtype), logprobs=logprobs)
+        reason = entry.supports(config)
+        if reason is not None:
+            raise SdbenchError(f"impl {entry.name!r} cannot run batch={batch}, gamma={gamma}, V={vocab}: {reason}")
+        supplied = uniforms is not None
+        workload = ProbWorkload(
+            config=config, draft_tokens=draft_tokens, target_probs=target_probs, draft_probs=draft_probs,
+            # fast mode reads neither: placeholders of the right shape (the noise one is a broadcast row)
+            uniforms=uniforms if supplied else torch.empty((batch, gamma), dtype=torch.float32, device=device),
+            exponential_noise=(exponential_noise if supplied else
+                               torch.ones(vocab, dtype=torch.float32, device=device).expand(batch, vocab)),
+            realised_acceptance=float("nan"), randomness="supplied" if supplied else "fast", offset=offset,
+        )
+        run = entry.prepare(workload)
+        if len(_prob_bindings) >= _PROB_BINDINGS_MAX:
+            _prob_bindings.pop(next(iter(_prob_bindings)))
+        _prob_bindings[key] = run
+    produced = run()
+    if out is None:
+        return produced
+    specs = {"accepted_lengths": ((batch,), torch.int64), "next_tokens": ((batch,), draft_tokens.dtype),
+             "output_tokens": ((batch, gamma + 1), draft_tokens.dtype)}
+    if not isinstance(out, dict):
+        raise SdbenchError(f"out must be a dict of output tensors keyed by {', '.join(specs)}, got {type(out).__name__}")
+    unknown = sorted(set(out) - set(specs))
+    if unknown:
+        raise SdbenchError(f"out has unknown keys {', '.join(unknown)}; outputs are {', '.join(specs)}")
+    buffers = _outputs(out, {name: specs[name] for name in out}, device,
+                       {"draft_tokens": draft_tokens, "target_probs": target_probs, "draft_probs": draft_probs})
+    _copy_into(buffers, produced)  # only the buffers asked for
+    return {**produced, **buffers}

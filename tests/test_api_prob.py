@@ -1,0 +1,106 @@
+"""sdbench.prob_verify on CPU tensors: supplied randomness equals the reference draw for draw, the fast
+mode is reproducible per binding and moves on between calls, out= buffers, validation, and the Triton
+fused kernel through the API under the interpreter."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import sdbench
+from sdbench import api
+from sdbench.errors import SdbenchError
+from sdbench.ops.prob_verify import reference
+from sdbench.ops.prob_verify.workload import make_prob_workload
+from sdbench.ops.workload import VerifyConfig
+
+
+@pytest.fixture
+def w():
+    return make_prob_workload(VerifyConfig(6, 4, vocab_size=40, seed=2, token_dtype="int32"), "cpu")
+
+
+def _bad(call, match):
+    with pytest.raises(SdbenchError, match=match):
+        call()
+
+
+def test_exported():
+    assert sdbench.prob_verify is api.prob_verify
+
+
+def test_supplied_randomness_equals_the_reference(w):
+    out = sdbench.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs, uniforms=w.uniforms,
+                              exponential_noise=w.exponential_noise)
+    expected = reference.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs, w.uniforms, w.exponential_noise)
+    for name in ("accepted_lengths", "next_tokens", "output_tokens"):
+        assert torch.equal(out[name], expected[name]), name
+    assert out["next_tokens"].dtype == torch.int32
+
+
+def test_fast_mode_draws_fresh_numbers_each_call(w):
+    torch.manual_seed(0)
+    first = {k: v.clone() for k, v in sdbench.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs).items()}
+    calls = [sdbench.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs)["next_tokens"].clone()
+             for _ in range(5)]
+    assert any(not torch.equal(first["next_tokens"], later) for later in calls)
+
+
+def test_out_buffers_are_written(w):
+    mine = torch.empty(6, dtype=torch.int64)
+    out = sdbench.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs, uniforms=w.uniforms,
+                              exponential_noise=w.exponential_noise, out={"accepted_lengths": mine})
+    assert out["accepted_lengths"] is mine
+    expected = reference.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs, w.uniforms, w.exponential_noise)
+    assert torch.equal(mine, expected["accepted_lengths"])
+
+
+def test_validation(w):
+    d, p, q = w.draft_tokens, w.target_probs, w.draft_probs
+    _bad(lambda: sdbench.prob_verify(d, p[:, :4], q), r"target_probs must be \[batch, gamma \+ 1, V\]")
+    _bad(lambda: sdbench.prob_verify(d, p, q[:, :, :39]), r"draft_probs must be \[batch, gamma, V\] = \[6, 4, 40\]")
+    _bad(lambda: sdbench.prob_verify(d, p.double(), q.double()), r"share a dtype, float32 or bfloat16")
+    _bad(lambda: sdbench.prob_verify(d, p, q, uniforms=w.uniforms), r"give both uniforms and exponential_noise")
+    _bad(lambda: sdbench.prob_verify(d, p, q, uniforms=w.uniforms[:, :2], exponential_noise=w.exponential_noise),
+         r"uniforms must be float32 \[6, 4\]")
+    _bad(lambda: sdbench.prob_verify(d, p, q, seed=True), r"seed and offset must be integers")
+    _bad(lambda: sdbench.prob_verify(d, p, q, impl="fussed"), r"did you mean 'fused'")
+    _bad(lambda: sdbench.prob_verify(d, p, q, out={"packed_kv": torch.empty(1)}), r"out has unknown keys packed_kv")
+    _bad(lambda: sdbench.prob_verify(d, p, q, out={"next_tokens": d.view(-1)[:6]}), r"overlaps draft_tokens")
+
+
+CHILD = textwrap.dedent("""
+    import json, torch, sdbench
+    from sdbench import registry
+    from sdbench.ops.prob_verify import reference
+    from sdbench.ops.prob_verify.workload import make_prob_workload
+    from sdbench.ops.workload import VerifyConfig
+    probe = registry.get("prob_verify", "fused").unavailable_reason("cpu")
+    w = make_prob_workload(VerifyConfig(5, 3, vocab_size=64, seed=4), "cpu")
+    report = {"probe": probe}
+    if probe is None:
+        out = sdbench.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs, impl="fused", uniforms=w.uniforms,
+                                  exponential_noise=w.exponential_noise)
+        ref = reference.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs, w.uniforms, w.exponential_noise)
+        report["same"] = all(torch.equal(out[k], ref[k]) for k in ("accepted_lengths", "next_tokens", "output_tokens"))
+        a = sdbench.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs, impl="fused", seed=3)["output_tokens"].clone()
+        w2 = make_prob_workload(VerifyConfig(5, 3, vocab_size=64, seed=4), "cpu")  # other memory: a new binding
+        c = sdbench.prob_verify(w2.draft_tokens, w2.target_probs, w2.draft_probs, impl="fused", seed=3)["output_tokens"]
+        report["fresh_binding_repeats_the_stream"] = bool(torch.equal(a, c))
+    print(json.dumps(report))
+""")
+
+
+def test_fused_kernel_through_the_api_under_the_interpreter():
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if report["probe"]:
+        pytest.skip(report["probe"])
+    assert report["same"] and report["fresh_binding_repeats_the_stream"]
