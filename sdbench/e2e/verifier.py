@@ -2,21 +2,21 @@
 
 Every import of sdbench internals made by sdbench.e2e lives in this file (the package is being
 restructured; only these lines need re-pointing): the public `sdbench.verify` for greedy decoding,
-the registry's `prob_verify` entries for sampling, the prob workload they run on, and `read_trace`.
+the public `sdbench.prob_verify` for sampling, the registry (names, availability), and `read_trace`.
 
 Both verifiers are built once per run with static buffers (the batch never changes shape: finished
 sequences stay in it), so a step allocates nothing:
 - greedy: `sdbench.verify(draft_tokens, target_tokens, impl=..., out=...)`, any registered `verify`
   entry. On CPU tensors the API runs `torch_eager` whatever is asked (its documented rule), so on a
   CUDA device the same call runs the CUDA / Triton kernels.
-- sampling: a registry `prob_verify` entry prepared once on a `ProbWorkload` whose tensors the loop
-  refills each step, in `supplied` randomness: uniforms and Exp(1) noise drawn from the loop's seeded
-  generator, so every implementation sees the same draws and must emit the same tokens.
+- sampling: `sdbench.prob_verify(..., impl=..., uniforms=..., exponential_noise=...)` on buffers the loop
+  refills each step (the API binds its prepared kernel to them once), in supplied randomness: uniforms
+  and Exp(1) noise drawn from the loop's seeded generator, so every implementation sees the same draws
+  and must emit the same tokens.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -24,7 +24,6 @@ import torch
 from sdbench import api as _api
 from sdbench import registry as _registry
 from sdbench.errors import SdbenchError
-from sdbench.ops.prob_verify.workload import ProbWorkload
 from sdbench.ops.workload import VerifyConfig, read_trace
 
 __all__ = ["SdbenchError", "read_trace", "make_verifier", "implementation_names", "unavailable_reason",
@@ -80,25 +79,23 @@ def _prob_verifier(name: str, batch: int, gamma: int, vocab: int, device: torch.
     reason = entry.unavailable_reason(device, config)
     if reason is not None:
         raise SdbenchError(f"prob_verify impl {name!r} cannot run here: {reason} (try --verify-impl torch_eager)")
-    workload = ProbWorkload(
-        config=config,
-        draft_tokens=torch.zeros((batch, gamma), dtype=torch.int64, device=device),
-        target_probs=torch.full((batch, gamma + 1, vocab), 1.0 / vocab, device=device),
-        draft_probs=torch.full((batch, gamma, vocab), 1.0 / vocab, device=device),
-        uniforms=torch.full((batch, gamma), 0.5, device=device),
-        exponential_noise=torch.ones((batch, vocab), device=device),
-        realised_acceptance=math.nan,
-        randomness="supplied",
-    )
-    run = entry.prepare(workload)  # once: compiles and warms up Triton kernels on CUDA
+    # The step's buffers, kept for the whole run: sdbench.prob_verify binds its prepared kernel to them on
+    # the first call (compile and warm-up once), and every later round only launches.
+    draft_tokens_buffer = torch.zeros((batch, gamma), dtype=torch.int64, device=device)
+    target_buffer = torch.full((batch, gamma + 1, vocab), 1.0 / vocab, device=device)
+    draft_buffer = torch.full((batch, gamma, vocab), 1.0 / vocab, device=device)
+    uniforms = torch.full((batch, gamma), 0.5, device=device)
+    noise = torch.ones((batch, vocab), device=device)
+    buffers = (draft_tokens_buffer, target_buffer, draft_buffer)
+    _api.prob_verify(*buffers, impl=name, uniforms=uniforms, exponential_noise=noise)  # prepare now, not in round 1
 
     def verify(draft_tokens, target_probs, draft_probs, generator):
-        workload.draft_tokens.copy_(draft_tokens)
-        workload.target_probs.copy_(target_probs)
-        workload.draft_probs.copy_(draft_probs)
-        workload.uniforms.uniform_(generator=generator)
-        workload.exponential_noise.exponential_(generator=generator).clamp_min_(_TINY)
-        result = run()
+        draft_tokens_buffer.copy_(draft_tokens)
+        target_buffer.copy_(target_probs)
+        draft_buffer.copy_(draft_probs)
+        uniforms.uniform_(generator=generator)
+        noise.exponential_(generator=generator).clamp_min_(_TINY)
+        result = _api.prob_verify(*buffers, impl=name, uniforms=uniforms, exponential_noise=noise)
         return result["accepted_lengths"], result["next_tokens"].long()
 
     return verify
