@@ -331,7 +331,7 @@ def sweep_command(
     vocab: Annotated[str | None, typer.Option(help="Vocabulary sizes; prob_verify sweeps them (default: 32000).")] = None,
     impl: Annotated[str | None, typer.Option(help="Comma-separated implementation names (default: every one of --op).")] = None,
     op: Annotated[str | None, typer.Option(help="verify, pack, verify_pack, prob_verify or verify_ragged (default: verify).")] = None,
-    dist: Annotated[str | None, typer.Option(help="Accepted-length distribution: binomial, geometric, fixed (--fixed-length) or trace (--trace) (default: binomial).")] = None,
+    dist: Annotated[str | None, typer.Option(help="Accepted-length distribution: binomial, geometric, fixed (--fixed-length), trace (--trace: k_i drawn from it), trace-rounds (one recorded round in batch order) or trace-rounds-sorted (that round sorted: the best batch order) (default: binomial).")] = None,
     fixed_length: Annotated[int | None, typer.Option(help="--dist fixed: every sequence accepts this many draft tokens.")] = None,
     trace: Annotated[str | None, typer.Option(help="--dist trace: a file of observed accepted lengths (integers).")] = None,
     device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if present).")] = None,

@@ -32,7 +32,7 @@ from sdbench.ops.launch_floor import LaunchFloor, launch_floor
 from sdbench.ops.workload import DEFAULT_VOCAB_SIZE, KV_DTYPES, VerifyConfig
 from sdbench.registry import Implementation
 
-SWEEP_DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace")
+SWEEP_DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace", "trace-rounds", "trace-rounds-sorted")
 KV_OPS = ("pack", "verify_pack")
 DEFAULT_KV_DIMS = (128, 512, 1024, 2048)
 
@@ -145,8 +145,8 @@ def validate(spec: SweepSpec) -> None:
         raise SdbenchError(f"--dist: {spec.dist!r} is not one of {', '.join(SWEEP_DISTRIBUTIONS)}")
     if spec.dist == "fixed" and spec.fixed_length is None:
         raise SdbenchError("--dist fixed needs --fixed-length K (every sequence accepts K draft tokens)")
-    if spec.dist == "trace" and spec.trace_path is None:
-        raise SdbenchError("--dist trace needs --trace PATH (a file of observed accepted lengths)")
+    if spec.dist.startswith("trace") and spec.trace_path is None:
+        raise SdbenchError(f"--dist {spec.dist} needs --trace PATH (a file of observed accepted lengths)")
     for option, values in (("--b", spec.batch_sizes), ("--gamma", spec.gammas), ("--alpha", spec.alphas)):
         if not values:
             raise SdbenchError(f"{option}: needs at least one value")
@@ -205,7 +205,7 @@ def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.Timi
         "op": op, "device": torch.device(device).type, "batch_size": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha,
         "kv_dim": cfg.kv_dim, "vocab_size": cfg.vocab_size, "dist": cfg.dist,
         "fixed_length": cfg.fixed_length if cfg.dist == "fixed" else None,
-        "trace_sha256": results.trace_sha256(cfg.trace_path) if cfg.dist == "trace" else None,
+        "trace_sha256": results.trace_sha256(cfg.trace_path) if cfg.dist.startswith("trace") else None,
         "token_dtype": cfg.token_dtype, "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype,
         "seed": cfg.seed, "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,
         "settings": (f"warmup={options.warmup} iters={options.iters} gpu_iters={options.gpu_iters} "

@@ -11,6 +11,10 @@ Acceptance-length distributions (k_i = accepted draft tokens of sequence i, 0 �
   What real speculative decoding produces; mean α(1-α^γ)/(1-α), mostly short runs at small α.
 - `fixed`: every k_i equals `fixed_length`.
 - `trace`: k_i drawn (seeded, with replacement) from a file of observed lengths.
+- `trace-rounds`: one recorded round of the file (line seed mod #lines), k_i in the batch order it was
+  recorded in (cycled to B): what a kernel sees from a real batch, neighbours and all.
+- `trace-rounds-sorted`: the same round with its k_i sorted, longest first: the best ordering any
+  batch reordering (e.g. `sdbench e2e --sort-by-acceptance`) could give the kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import torch
 
 from sdbench.errors import SdbenchError
 
-DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace")
+DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace", "trace-rounds", "trace-rounds-sorted")
+TRACE_DISTRIBUTIONS = ("trace", "trace-rounds", "trace-rounds-sorted")
 TOKEN_DTYPES = {"int64": torch.int64, "int32": torch.int32}
 KV_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 PROB_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -89,7 +94,7 @@ def validate_config(cfg: VerifyConfig) -> None:
             raise SdbenchError(
                 f"the fixed distribution needs 0 <= fixed_length <= gamma={cfg.gamma}, got {cfg.fixed_length}"
             )
-    if cfg.dist == "trace":
+    if cfg.dist in TRACE_DISTRIBUTIONS:
         if cfg.trace_path is None:
             raise SdbenchError("the trace distribution needs a trace file (--trace PATH)")
         read_trace(cfg.trace_path, cfg.gamma)  # a missing file or a length > γ fails here, not mid-sweep
@@ -116,6 +121,15 @@ def read_trace(path: str | Path, gamma: int) -> torch.Tensor:
     return torch.tensor(lengths, dtype=torch.int64)
 
 
+def read_trace_rounds(path: str | Path, gamma: int) -> list[torch.Tensor]:
+    """The file's rounds: one line each (the k_i of that round's sequences, in batch order); blank lines
+    are skipped. Validated like read_trace."""
+    read_trace(path, gamma)  # the same errors for a missing file, a non-integer or a length outside [0, γ]
+    rounds = [torch.tensor([int(word) for word in line.replace(",", " ").split()], dtype=torch.int64)
+              for line in Path(path).read_text().splitlines() if line.split()]
+    return rounds
+
+
 def sample_accepted_lengths(cfg: VerifyConfig, generator: torch.Generator) -> torch.Tensor:
     """k_i for each sequence, int64 [B] on the CPU, drawn from cfg.dist."""
     batch, gamma = cfg.batch_size, cfg.gamma
@@ -128,6 +142,11 @@ def sample_accepted_lengths(cfg: VerifyConfig, generator: torch.Generator) -> to
         return accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
     if cfg.dist == "fixed":
         return torch.full((batch,), int(cfg.fixed_length), dtype=torch.int64)
+    if cfg.dist != "trace":
+        rounds = read_trace_rounds(cfg.trace_path, gamma)
+        recorded = rounds[cfg.seed % len(rounds)]
+        lengths = recorded.repeat(-(-batch // recorded.numel()))[:batch]
+        return lengths.sort(descending=True).values if cfg.dist == "trace-rounds-sorted" else lengths
     observed = read_trace(cfg.trace_path, gamma)
     picks = torch.randint(0, observed.numel(), (batch,), generator=generator)
     return observed[picks]
@@ -143,6 +162,10 @@ def expected_accepted_length(cfg: VerifyConfig) -> float:
         return cfg.alpha * (1.0 - cfg.alpha**cfg.gamma) / (1.0 - cfg.alpha)
     if cfg.dist == "fixed":
         return float(cfg.fixed_length)
+    if cfg.dist != "trace":
+        rounds = read_trace_rounds(cfg.trace_path, cfg.gamma)
+        recorded = rounds[cfg.seed % len(rounds)]
+        return float(recorded.repeat(-(-cfg.batch_size // recorded.numel()))[: cfg.batch_size].double().mean())
     return float(read_trace(cfg.trace_path, cfg.gamma).double().mean())
 
 

@@ -107,3 +107,34 @@ def test_trace_errors(tmp_path):
     long.write_text("1 2 9")
     with pytest.raises(SdbenchError, match="length 9 outside"):
         make_verify_workload(VerifyConfig(2, 4, dist="trace", trace_path=str(long)))
+
+
+def test_trace_rounds_keep_the_recorded_batch_order(tmp_path):
+    """trace-rounds: one recorded round (line seed mod #lines), in batch order, cycled to B; the sorted variant
+    is that round longest first. The workload's tokens realise exactly those lengths."""
+    from sdbench.ops.workload import expected_accepted_length
+
+    trace = tmp_path / "rounds.txt"
+    trace.write_text("0 5 1 5\n\n2 0 3\n")
+    first = make_verify_workload(VerifyConfig(6, 5, dist="trace-rounds", trace_path=str(trace), seed=0))
+    assert first.accepted_lengths.tolist() == [0, 5, 1, 5, 0, 5]
+    second = make_verify_workload(VerifyConfig(4, 5, dist="trace-rounds", trace_path=str(trace), seed=1))
+    assert second.accepted_lengths.tolist() == [2, 0, 3, 2]
+    ordered = make_verify_workload(VerifyConfig(4, 5, dist="trace-rounds-sorted", trace_path=str(trace), seed=1))
+    assert ordered.accepted_lengths.tolist() == [3, 2, 2, 0]
+    assert expected_accepted_length(VerifyConfig(4, 5, dist="trace-rounds", trace_path=str(trace), seed=1)) == 7 / 4
+    # the tokens: agreement up to k_i, a mismatch at k_i (when k_i < γ)
+    mismatch = first.draft_tokens != first.target_tokens[:, :5]
+    for row, k in enumerate(first.accepted_lengths.tolist()):
+        assert not bool(mismatch[row, :k].any()) and (k == 5 or bool(mismatch[row, k]))
+
+
+def test_trace_rounds_need_a_trace_and_check_it(tmp_path):
+    from sdbench.errors import SdbenchError
+
+    with pytest.raises(SdbenchError, match="needs a trace file"):
+        VerifyConfig(2, 4, dist="trace-rounds")
+    long = tmp_path / "long.txt"
+    long.write_text("1 9\n")
+    with pytest.raises(SdbenchError, match="outside"):
+        VerifyConfig(2, 4, dist="trace-rounds-sorted", trace_path=str(long))
