@@ -59,6 +59,9 @@ class BufferedRun:
         return self.outputs
 
 
+BACKEND_LAUNCH_PATHS = {"cuda": "custom_op", "triton": "triton", "torch": "torch_eager"}
+
+
 def _no_reason(_: object) -> str | None:
     return None
 
@@ -78,6 +81,10 @@ class Implementation:
     launches: int | None = None  # kernel launches per call, where known
     not_capturable: str | None = None  # why a CUDA graph of it would measure nothing new (it syncs: see sync)
     writes_into: bool = False  # prepare(workload, out=buffers) writes into the given output buffers
+    # How its first kernel is launched, for the launch floor of its own path (sdbench.ops.launch_floor):
+    # custom_op (torch.ops dispatcher), triton (Triton's Python launcher), triton_bound (a BoundLaunch that
+    # skips it), torch_eager (an ATen op). None: from the backend.
+    launch_path: str | None = None
 
     @property
     def capture_refusal(self) -> str | None:
@@ -85,6 +92,11 @@ class Implementation:
         if self.sync:
             return "syncs the host (data-dependent shape or .item()): cannot be captured"
         return self.not_capturable
+
+    @property
+    def path(self) -> str:
+        """The launch path whose empty launch is this implementation's floor."""
+        return self.launch_path or BACKEND_LAUNCH_PATHS.get(self.backend, "custom_op")
 
     @property
     def key(self) -> tuple[str, str]:

@@ -28,7 +28,7 @@ from sdbench.errors import SdbenchError, closest, writable_folder
 from sdbench.measure import environment as envinfo
 from sdbench.measure import results, timing
 from sdbench.ops import backends, make_workload
-from sdbench.ops.launch_floor import LaunchFloor, launch_floor
+from sdbench.ops.launch_floor import LaunchFloor, launch_floor, path_floor
 from sdbench.ops.workload import DEFAULT_VOCAB_SIZE, KV_DTYPES, VerifyConfig
 from sdbench.registry import Implementation
 
@@ -377,6 +377,12 @@ def measure_config(
     callables = dict(runs)
     if floor.run is not None:
         callables[timing.LAUNCH_FLOOR] = floor.run
+    # each timed implementation's own launch path gets its empty launch beside the custom-op floor
+    path_of = {impl.name: impl.path for impl in impls if impl.name in runs}
+    for path in sorted(set(path_of.values()) - {"custom_op"}):
+        extra = _path_floor(path, device)
+        if extra.run is not None:
+            callables[f"{timing.LAUNCH_FLOOR}:{path}"] = extra.run
     try:
         timings = timing.measure(callables, device, options, not_capturable=not_capturable) if callables else {}
     except Exception as err:  # a sticky device error: every view of every timed callable is lost
@@ -384,11 +390,10 @@ def measure_config(
         timings = {name: {view: failed for view in views} for name in callables}
 
     workload_columns = _workload_columns(op, cfg, workload, timed_workload, runs)
-    floor_medians = {
-        view: (timings[timing.LAUNCH_FLOOR][view].stats.median_us
-               if floor.run is not None and timings[timing.LAUNCH_FLOOR][view].stats else None)
-        for view in views
-    }
+    path_medians = {path: {view: _median(timings.get(key), view) for view in views}
+                    for path, key in [("custom_op", timing.LAUNCH_FLOOR)] + [
+                        (name.split(":", 1)[1], name) for name in callables if name.startswith(f"{timing.LAUNCH_FLOOR}:")]}
+    floor_medians = path_medians["custom_op"]
     for impl in impls:
         if impl.name in runs:
             rows_of[impl.name] = [
@@ -402,13 +407,36 @@ def measure_config(
     rows.extend(_floor_rows(base, floor, views, timings.get(timing.LAUNCH_FLOOR), options.max_noise))
     gpu_iters = min(options.iters, options.gpu_iters)
     for row in rows:
+        view = row["view"]
+        path = path_of.get(row["impl"], "custom_op")
+        own = path_medians.get(path, {}).get(view)
+        measured = [medians[view] for medians in path_medians.values() if medians.get(view) is not None]
         row.update(
             mean_accepted_length=workload_columns["mean_accepted_length"],
             accepted_kv_bytes=workload_columns["accepted_kv_bytes"],
-            launch_floor_us=floor_medians[row["view"]],
-            iters=gpu_iters if row["view"] == "gpu" else options.iters,
+            launch_floor_us=own if own is not None else floor_medians[view],
+            launch_path=path if own is not None else "custom_op",
+            launch_floor_min_us=min(measured) if measured else None,
+            iters=gpu_iters if view == "gpu" else options.iters,
         )
     return rows
+
+
+_PATH_FLOORS: dict[tuple[str, str], LaunchFloor] = {}
+
+
+def _path_floor(path: str, device: str) -> LaunchFloor:
+    """The empty launch of a path, built once per sweep process and device (a Triton one compiles)."""
+    key = (path, str(device))
+    if key not in _PATH_FLOORS:
+        _PATH_FLOORS[key] = path_floor(path, device)
+    return _PATH_FLOORS[key]
+
+
+def _median(view_results, view: str) -> float | None:
+    if view_results is None or view not in view_results or view_results[view].stats is None:
+        return None
+    return view_results[view].stats.median_us
 
 
 def timing_workload(op: str, workload):

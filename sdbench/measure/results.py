@@ -79,7 +79,9 @@ SCHEMA = pa.schema([
     ("samples_us", pa.list_(pa.float64())),
     ("noise", pa.float64()),
     ("noisy", pa.bool_()),
-    ("launch_floor_us", pa.float64()),
+    ("launch_floor_us", pa.float64()),  # the floor of the row's own launch path (launch_path), same run and view
+    ("launch_path", pa.string()),  # custom_op | triton | triton_bound | torch_eager (null before this column)
+    ("launch_floor_min_us", pa.float64()),  # the lowest floor of the paths measured in that config and view
     ("bytes_moved", pa.int64()),
     ("achieved_gbps", pa.float64()),
 ], metadata={"sdbench_schema_version": str(SCHEMA_VERSION)})

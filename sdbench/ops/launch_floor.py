@@ -49,3 +49,73 @@ def launch_floor(device: str | torch.device) -> LaunchFloor:
     except Exception as err:
         reasons.append(f"Triton: {describe_error(err)}")
     return LaunchFloor(None, "cuda", "no empty kernel could be launched (" + "; ".join(reasons) + ")")
+
+
+# --- one floor per launch path ------------------------------------------------------------------------
+# An implementation's floor is an empty launch through its own path (registry.Implementation.path): the
+# torch.ops dispatcher costs tens of µs of wall time more than a BoundLaunch of a Triton kernel on the H100
+# host, so one floor for everything put Triton rows "below the floor". The custom-op floor stays the
+# `launch_floor` row of every config; the others are measured beside it and carried on the rows they serve.
+LAUNCH_PATHS = ("custom_op", "triton", "triton_bound", "torch_eager")
+
+
+def _triton_bound_empty(device: torch.device) -> Callable[[], None]:
+    from sdbench.ops.prob_verify.triton_kernels import BoundLaunch
+
+    launch = BoundLaunch(backends._empty_kernel, (1,), (0,), {}, device)
+    return launch
+
+
+def _torch_eager_empty(device: torch.device) -> Callable[[], None]:
+    dummy = torch.empty(1, device=device)
+    return dummy.zero_  # one ATen op, one kernel
+
+
+def path_floor(path: str, device: str | torch.device) -> LaunchFloor:
+    """The empty launch of one path on device (run None, with the reason, where it cannot launch)."""
+    device = torch.device(device)
+    if path == "custom_op":
+        return launch_floor(device)
+    if device.type != "cuda":
+        return LaunchFloor(None, path, "no kernel launch on a CPU device")
+    try:
+        if path == "triton":
+            run = backends.launch_triton_empty
+        elif path == "triton_bound":
+            run = _triton_bound_empty(device)
+        elif path == "torch_eager":
+            run = _torch_eager_empty(device)
+        else:
+            return LaunchFloor(None, path, f"unknown launch path {path!r}; paths are {', '.join(LAUNCH_PATHS)}")
+        run()
+        torch.cuda.synchronize(device)
+        return LaunchFloor(run, path)
+    except Exception as err:  # a path that cannot launch here: its rows fall back to the custom-op floor
+        return LaunchFloor(None, path, describe_error(err))
+
+
+def rows_below_own_floor(rows: list[dict], tolerance: float = 0.0) -> list[dict]:
+    """The ok rows whose median is below their own path's floor by more than the two medians' noise (the
+    relative standard errors recorded per row, plus `tolerance`): none may exist in a committed report."""
+    floors = {}
+    for row in rows:
+        if str(row.get("impl", "")).startswith("launch_floor") and row.get("status") == "ok":
+            floors[(row.get("run_id"), _config_of(row), row.get("view"))] = row
+    below = []
+    for row in rows:
+        if row.get("status") != "ok" or str(row.get("impl", "")).startswith("launch_floor"):
+            continue
+        floor_us = row.get("launch_floor_us")
+        median = row.get("median_us")
+        if floor_us is None or median is None:
+            continue
+        floor_row = floors.get((row.get("run_id"), _config_of(row), row.get("view")), {})
+        noise = (row.get("noise") or 0.0) + (floor_row.get("noise") or 0.0) + tolerance
+        if median < floor_us * (1.0 - noise):
+            below.append(row)
+    return below
+
+
+def _config_of(row: dict) -> tuple:
+    return tuple(row.get(name) for name in ("op", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist",
+                                            "token_dtype", "kv_dtype", "seed", "cold_l2"))

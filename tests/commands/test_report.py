@@ -420,3 +420,22 @@ def test_plots_say_when_they_pool_runs(tmp_path):
         title = figure.get_suptitle() or figure.axes[0].get_title()
         assert "median of 2 pooled runs" in title, name
         plt.close(figure)
+
+
+def test_rows_below_their_own_floor_are_found_and_noted(tmp_path):
+    """The floor rule on synthetic rows: one row above its own path's floor, one below it by more than its
+    noise (reported), one below by less than its noise (not reported)."""
+    from sdbench.ops.launch_floor import rows_below_own_floor
+
+    base = synthetic_results.make_rows()[0]
+    above = {**base, "impl": "ballot", "median_us": 30.0, "launch_floor_us": 20.0, "launch_path": "custom_op", "noise": 0.01}
+    below = {**base, "impl": "fused", "median_us": 15.0, "launch_floor_us": 20.0, "launch_path": "triton_bound",
+             "noise": 0.01}
+    noisy = {**base, "impl": "flashspec", "median_us": 19.5, "launch_floor_us": 20.0, "launch_path": "triton",
+             "noise": 0.05}
+    rows = [above, below, noisy]
+    assert [row["impl"] for row in rows_below_own_floor(rows)] == ["fused"]
+    path = synthetic_results.write(tmp_path / "part-0.parquet", rows)
+    built = report.build_report([path])
+    assert any("below their own launch floor" in note and "fused" in note and "flashspec" not in note
+               for note in built.notes), built.notes

@@ -135,3 +135,24 @@ def test_quick_preset_sweep_writes_parquet(tmp_path):
             else:  # noise-aware: whole batches of iters, more only while the row was noisy
                 assert len(row["samples_us"]) % row["iters"] == 0 and len(row["samples_us"]) >= row["iters"]
             assert row["noise"] is not None and row["noisy"] == (row["noise"] > 0.01)
+
+
+def test_every_timed_row_sits_at_or_above_its_own_launch_floor(tmp_path):
+    """A small prob sweep (the bound Triton launcher of `fused`, Triton's own launcher of `flashspec`, the
+    eager reference) and a greedy one (custom ops): every row carries its own path's floor, and none is
+    below it by more than the two medians' noise plus 5% (the floor rule of docs/perf-notes.md)."""
+    from sdbench.commands import sweep
+    from sdbench.ops.launch_floor import rows_below_own_floor
+
+    rows = []
+    for op, impls in (("prob_verify", ["fused", "flashspec", "torch_eager"]), ("verify", ["ballot", "serial_triton"])):
+        spec = sweep.build_spec(op=op, impls=impls, batch_sizes=[1, 32], gammas=[8], alphas=[0.6], device="cuda",
+                                warmup=5, iters=50, out_dir=tmp_path / op)
+        sweep.run_sweep(spec)
+        rows += results.read_rows(tmp_path / op)
+    paths = {row["impl"]: row["launch_path"] for row in rows if row["status"] == "ok" and row["impl"] != "launch_floor"}
+    assert paths["fused"] == "triton_bound" and paths["flashspec"] == "triton" and paths["ballot"] == "custom_op"
+    assert all(row["launch_floor_min_us"] <= row["launch_floor_us"] for row in rows
+               if row["status"] == "ok" and row["launch_floor_us"] is not None and row["launch_floor_min_us"] is not None)
+    below = rows_below_own_floor(rows, tolerance=0.05)
+    assert below == [], [(row["impl"], row["view"], row["median_us"], row["launch_floor_us"]) for row in below]

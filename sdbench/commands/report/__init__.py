@@ -291,11 +291,33 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
         report.notes.append(f"baseline {baseline!r} is not in these results: no speedup-vs-baseline column "
                             f"(choose one of {', '.join(known_impls)} with --baseline)")
     report.notes.extend(skipped_notes)
+    below_note = _below_floor_note(frame)
+    if below_note:
+        report.notes.append(below_note)
     report.tables = [
         summary_table(report), latency_table(report), alpha_table(report), fused_table(report), limits_table(report),
         roofline_table(report),
     ]
     return report
+
+
+def _below_floor_note(frame) -> str | None:
+    """Rows faster than the empty launch of their own path, beyond their noise: a floor that is not one."""
+    pl = require_polars()
+    names = frame.collect_schema().names()
+    frame = frame.with_columns(pl.lit(None).alias(name) for name in ("noise", "launch_path") if name not in names)
+    below = frame.filter(
+        (pl.col("status") == "ok") & ~pl.col("impl").str.starts_with("launch_floor")
+        & pl.col("launch_floor_us").is_not_null() & pl.col("median_us").is_not_null()
+        & (pl.col("median_us") < pl.col("launch_floor_us") * (1.0 - pl.col("noise").fill_null(0.0)))
+    ).select("impl", "view", "launch_path").unique().collect()
+    if below.height == 0:
+        return None
+    names = ", ".join(sorted({f"{row['impl']} ({row['view']})" for row in below.iter_rows(named=True)}))
+    legacy = below.filter(pl.col("launch_path").is_null()).height
+    why = (" (rows written before launch_path existed share the custom-op floor, whatever their own launch path)"
+           if legacy else "")
+    return f"below their own launch floor by more than their noise: {names}{why}"
 
 
 def run_ids(frame) -> list[str]:

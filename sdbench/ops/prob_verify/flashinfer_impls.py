@@ -211,12 +211,14 @@ def _prepare_with_adapter(w: ProbWorkload):
 
 register(Implementation(
     op="prob_verify", name="flashinfer_chain", backend="cuda", probe=_flashinfer_probe, peer=True, launches=3,
+    launch_path="torch_eager",  # a pybind call that allocates and launches: closest to an eager ATen op
     description="FlashInfer chain_speculative_sampling as an engine calls it: int32 ids and float32 probs "
                 "kept, counters zeroed and reused (its own Philox: fast randomness only)",
     prepare=_prepare_engine_call,
 ))
 register(Implementation(
     op="prob_verify", name="flashinfer_chain+adapter", backend="cuda", probe=_flashinfer_probe, peer=True,
+    launch_path="torch_eager",
     description="flashinfer_chain plus sdbench's conversions in the timed call (ids to int32, probs to "
                 "float32, outputs to sdbench's dtypes, next_tokens gathered)",
     prepare=_prepare_with_adapter,

@@ -124,6 +124,7 @@ register(Implementation(
 ))
 register(Implementation(
     op="prob_verify", name="fused", backend="triton", devices=ANY_DEVICE, probe=_triton_probe, launches=1,
+    launch_path="triton_bound",
     description="one launch: scan, first rejection, split single-pass race over V at that row, 64-bit atomic combine",
     prepare=_prepare_fused,
 ))

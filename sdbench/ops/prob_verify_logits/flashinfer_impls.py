@@ -30,6 +30,7 @@ def _prepare_softmax_flashinfer(w: LogitsWorkload):
 
 register(Implementation(
     op="prob_verify_logits", name="softmax_flashinfer", backend="cuda", probe=_flashinfer_probe, peer=True,
+    launch_path="torch_eager",
     supports=token_rule_only,
     description="torch temperature softmax into float32 p, q, then FlashInfer chain_speculative_sampling",
     prepare=_prepare_softmax_flashinfer,

@@ -76,18 +76,21 @@ def _prepare_softmax_fused_prob(w: LogitsWorkload):
 
 register(Implementation(
     op="prob_verify_logits", name="fused_logits", backend="triton", devices=ANY_DEVICE, probe=_triton_probe,
+    launch_path="triton_bound",
     supports=token_rule_only, launches=2,
     description="sdbench: one stream over every logit (row max/Σexp partials), then scan + split race at row k",
     prepare=_prepare_fused_logits,
 ))
 register(Implementation(
     op="prob_verify_logits", name="vllm_v2_style", backend="triton", devices=ANY_DEVICE, probe=_triton_probe,
+    launch_path="triton_bound",
     supports=token_rule_only, peer=True, launches=4,
     description="vLLM model runner v2 design, re-implemented: block stats, accept scan, Gumbel resample, finish",
     prepare=_prepare_vllm_v2_style,
 ))
 register(Implementation(
     op="prob_verify_logits", name="softmax_fused_prob", backend="triton", devices=ANY_DEVICE, probe=_triton_probe,
+    launch_path="torch_eager",
     supports=token_rule_only, peer=True,
     description="torch temperature softmax into float32 p, q buffers, then sdbench's probability `fused`",
     prepare=_prepare_softmax_fused_prob,
