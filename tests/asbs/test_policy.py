@@ -22,7 +22,7 @@ def test_ema_rises_on_sustained_acceptance():
     request = RequestState(ema_acceptance_rate=f32(0.3), current_block_size=1)
     trail = _feed(request, [(1, 1)] + [(8, 8)] * 20)
     emas = [ema for ema, _ in trail]
-    assert all(later > earlier for earlier, later in zip(emas, emas[1:])), emas
+    assert all(later > earlier for earlier, later in zip(emas, emas[1:], strict=False)), emas
     assert emas[-1] > 0.98 and trail[-1][1] == POLICY.max_block
     assert [block for _, block in trail][:3] == [1, 4, 4]  # min, then mid once ε' >= 0.5, then max from 0.8
 
@@ -32,7 +32,7 @@ def test_ema_falls_on_rejection_and_block_reaches_minimum():
     assert request.current_block_size == POLICY.max_block  # ε = 0.8 at the start
     trail = _feed(request, [(0, 8)] * 12)
     emas = [ema for ema, _ in trail]
-    assert all(later < earlier for earlier, later in zip(emas, emas[1:]))
+    assert all(later < earlier for earlier, later in zip(emas, emas[1:], strict=False))
     blocks = [block for _, block in trail]
     assert blocks[0] == POLICY.mid_block and blocks[-1] == POLICY.min_block
     assert blocks == sorted(blocks, reverse=True)  # never back up while everything is rejected

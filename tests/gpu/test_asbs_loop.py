@@ -83,3 +83,26 @@ def test_kv_rows_are_written_for_committed_tokens_only():
     for request, length in enumerate(loop.committed_lengths()):
         assert length == 40
         assert bool((kv[request, :length].abs().sum(1) > 0).all())  # hash bytes: a zero row is 1 in 2^64
+
+
+SANITIZER_SCRIPT = """
+import sys
+from sdbench.asbs.device import DeviceLoop
+from sdbench.asbs.kvcache import KVCacheModel
+from sdbench.asbs.simulator import mixed_batch, simulate
+expected = simulate(mixed_batch(40), 60, seed=4, kv=KVCacheModel(capacity_pages=150))
+loop = DeviceLoop(mixed_batch(40), 60, seed=4, kv=KVCacheModel(capacity_pages=150), kv_dim=8)
+loop.run(500)
+sys.exit(0 if loop.histories() == expected.histories() else 1)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "initcheck", "synccheck"])
+def test_compute_sanitizer_clean(tool):
+    from sanitizer import find_sanitizer, sanitizer_report
+
+    if find_sanitizer() is None:
+        pytest.skip("compute-sanitizer not found")
+    done = sanitizer_report(tool, [], SANITIZER_SCRIPT)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

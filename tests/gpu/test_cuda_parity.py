@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from sanitizer import find_sanitizer, sanitizer_report
 
 from sdbench import ext, parity, registry
 from sdbench.ops import make_workload
@@ -274,26 +270,6 @@ for op, name, cfg in cases:
 sys.exit(1 if failed else 0)
 """
 
-
-def _sanitizer() -> str | None:
-    found = shutil.which("compute-sanitizer")
-    if found:
-        return found
-    nvcc = ext.nvcc_path()
-    candidate = Path(nvcc).parent / "compute-sanitizer" if nvcc else None
-    return str(candidate) if candidate is not None and candidate.is_file() else None
-
-
-def _run_sanitizer(tool: str, extra: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "TORCH_EXTENSIONS_DIR": str(ext.cache_root()),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
-    if os.environ.get("TORCH_CUDA_ARCH_LIST") is None and ext.arch_list():
-        env["TORCH_CUDA_ARCH_LIST"] = ext.arch_list()  # the same build folder as this process's
-    command = [_sanitizer(), "--tool", tool, "--error-exitcode", "99", "--print-limit", "10", *extra,
-               sys.executable, "-c", SANITIZER_SCRIPT]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=500)
-
-
 # memcheck watches every kernel (torch's poisoning and comparisons too); racecheck only sdbench's,
 # whose shared-memory scans are the ones in question.
 @pytest.mark.slow
@@ -301,10 +277,7 @@ def _run_sanitizer(tool: str, extra: list[str]) -> subprocess.CompletedProcess:
                                          ("initcheck", []), ("synccheck", [])],
                          ids=["memcheck", "racecheck", "initcheck", "synccheck"])
 def test_compute_sanitizer_clean(tool, extra):
-    if _sanitizer() is None:
+    if find_sanitizer() is None:
         pytest.skip("compute-sanitizer not found")
-    done = _run_sanitizer(tool, extra)
-    if done.returncode != 0 and extra and "kernel-name" in done.stderr + done.stdout and "option" in (
-            done.stderr + done.stdout).lower():
-        done = _run_sanitizer(tool, [])  # an older sanitizer without kernel filters: check everything
+    done = sanitizer_report(tool, extra, SANITIZER_SCRIPT)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

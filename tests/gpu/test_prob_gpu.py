@@ -24,9 +24,9 @@ from sdbench.ops.workload import VerifyConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops" / "prob_verify"))  # the χ² helpers live with the CPU exactness test
 from test_prob_exactness import (  # noqa: E402
     SIGNIFICANCE,
+    SPECIAL_CASES,
     _pairs_of_sequences,
     _residual_draws_of_two_calls,
-    SPECIAL_CASES,
     exactness_pvalues,
     fixed_distributions,
     make_rounds,

@@ -106,3 +106,30 @@ def test_bad_offsets_stay_in_bounds(name):
         assert int(out["accepted_lengths"][request]) == k, request
         assert bool(out["has_mismatch"][request]) == (k < end - start), request
         assert int(out["next_tokens"][request]) == target[start + request + k], request
+
+
+SANITIZER_SCRIPT = """
+import sys, torch
+from sdbench import parity, registry
+from sdbench.ops.verify_ragged.workload import make_ragged_workload
+from sdbench.ops.workload import VerifyConfig
+failed = 0
+for cfg, lengths in [(VerifyConfig(33, 40, 0.8), None), (VerifyConfig(5, 8, 0.5), [0, 8, 0, 1, 7])]:
+    w = make_ragged_workload(cfg, "cuda", None if lengths is None else torch.tensor(lengths))
+    for name in ("ballot", "serial_triton", "block_triton"):
+        failure = parity.check(registry.get("verify_ragged", name), w)
+        failed += failure is not None
+        print(name, failure, flush=True)
+sys.exit(1 if failed else 0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "initcheck", "synccheck"])
+def test_compute_sanitizer_clean(tool):
+    from sanitizer import find_sanitizer, sanitizer_report
+
+    if find_sanitizer() is None:
+        pytest.skip("compute-sanitizer not found")
+    done = sanitizer_report(tool, [], SANITIZER_SCRIPT)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

@@ -73,7 +73,7 @@ def step_table(frame) -> ReportTable:
         alone = group.filter(pl.col("method") == "target_only")["tokens_per_s"]
         base = float(alone.median()) if alone.len() else None
         label = f"b={batch} γ={gamma} T={temperature:g}"
-        sort_of = (lambda row: " sorted" if row.get("sort_by_acceptance") else "")
+
         order = {"target_only": 0, "speculative": 1, "hf_assisted": 2}
         rows = sorted(group.iter_rows(named=True), key=lambda row: (order.get(row["method"], 3), row["verify_impl"] or "",
                                                                    bool(row.get("sort_by_acceptance"))))
@@ -83,7 +83,7 @@ def step_table(frame) -> ReportTable:
             speedup = row["tokens_per_s"] / base if base and row.get("tokens_per_s") else None
             same = row.get("matches_target")
             table.rows.append([
-                label + sort_of(row), row["method"], row["verify_impl"] or "—", _number(row.get("tokens_per_s"), 0),
+                label + (" sorted" if row.get("sort_by_acceptance") else ""), row["method"], row["verify_impl"] or "—", _number(row.get("tokens_per_s"), 0),
                 f"{speedup:.2f}×" if speedup is not None else "—", _number(row.get("mean_accepted_length")),
                 format_us(row.get("draft_us")), format_us(row.get("target_us")), format_us(row.get("verify_us")),
                 format_us(row.get("bookkeeping_us")), f"{share:.1%}" if share is not None else "—",

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE as _TOKEN_OUT_OF_RANGE
 from sdbench.ops.prob_verify.triton_kernels import (
     INTERPRETED,
     BoundLaunch,
@@ -48,7 +49,6 @@ from sdbench.ops.prob_verify.triton_kernels import (
     _token_of,
     default_fused_plan,
 )
-from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE as _TOKEN_OUT_OF_RANGE
 from sdbench.ops.prob_verify_logits.workload import VLLM_BLOCK
 
 try:
