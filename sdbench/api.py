@@ -402,24 +402,26 @@ _PROB_BINDINGS_MAX = 64  # prepared runs kept (an engine keeps a few persistent 
 _prob_bindings: dict[tuple, object] = {}
 
 
-def _check_prob_inputs(draft_tokens, target_probs, draft_probs, uniforms, exponential_noise) -> tuple[int, int, int]:
+def _check_prob_inputs(draft_tokens, target_probs, draft_probs, uniforms, exponential_noise,
+                       names: tuple[str, str] = ("target_probs", "draft_probs")) -> tuple[int, int, int]:
+    target_name, draft_name = names
     draft = _require_tensor("draft_tokens", draft_tokens)
-    target, q = _require_tensor("target_probs", target_probs), _require_tensor("draft_probs", draft_probs)
+    target, q = _require_tensor(target_name, target_probs), _require_tensor(draft_name, draft_probs)
     if draft.dim() != 2 or min(draft.shape) < 1:
         raise SdbenchError(f"draft_tokens must be 2-D [batch, gamma] with both >= 1, got shape {_shape(draft)}")
     if draft.dtype not in TOKEN_TORCH_DTYPES:
         raise SdbenchError(f"draft_tokens dtype {_dtype_name(draft.dtype)} is not a token dtype: use int64 or int32")
     batch, gamma = draft.shape
     if target.dim() != 3 or tuple(target.shape[:2]) != (batch, gamma + 1) or target.shape[2] < 2:
-        raise SdbenchError(f"target_probs must be [batch, gamma + 1, V] = [{batch}, {gamma + 1}, V] with V >= 2, "
+        raise SdbenchError(f"{target_name} must be [batch, gamma + 1, V] = [{batch}, {gamma + 1}, V] with V >= 2, "
                            f"got {_shape(target)}")
     vocab = target.shape[2]
     if tuple(q.shape) != (batch, gamma, vocab):
-        raise SdbenchError(f"draft_probs must be [batch, gamma, V] = [{batch}, {gamma}, {vocab}], got {_shape(q)}")
+        raise SdbenchError(f"{draft_name} must be [batch, gamma, V] = [{batch}, {gamma}, {vocab}], got {_shape(q)}")
     if target.dtype not in PROB_TORCH_DTYPES or q.dtype != target.dtype:
-        raise SdbenchError(f"target_probs and draft_probs must share a dtype, float32 or bfloat16; got "
+        raise SdbenchError(f"{target_name} and {draft_name} must share a dtype, float32 or bfloat16; got "
                            f"{_dtype_name(target.dtype)} and {_dtype_name(q.dtype)}")
-    for name, tensor in (("target_probs", target), ("draft_probs", q)):
+    for name, tensor in ((target_name, target), (draft_name, q)):
         if tensor.device != draft.device:
             raise SdbenchError(f"{name} is on {tensor.device} but draft_tokens on {draft.device}: move them to one device")
         if tensor.stride(-1) != 1:
@@ -445,10 +447,12 @@ def _prob_key(impl: str, tensors: tuple, seed: int, logprobs: bool) -> tuple:
         None if t is None else (t.device, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors)
 
 
-def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor, *,
-                impl: str = PROB_DEFAULT_IMPL, seed: int = 0, offset: int = 0, uniforms: torch.Tensor | None = None,
-                exponential_noise: torch.Tensor | None = None, logprobs: bool = False,
-                out: Outputs | None = None) -> Outputs:
+def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = None,
+                draft_probs: torch.Tensor | None = None, *, target_logits: torch.Tensor | None = None,
+                draft_logits: torch.Tensor | None = None, target_temperature: torch.Tensor | None = None,
+                draft_temperature: torch.Tensor | None = None, impl: str | None = None, seed: int = 0,
+                offset: int = 0, uniforms: torch.Tensor | None = None, exponential_noise: torch.Tensor | None = None,
+                logprobs: bool = False, out: Outputs | None = None) -> Outputs:
     """Probabilistic verification (Leviathan rejection sampling with the residual draw): the target's
     distribution exactly, whatever the draft's.
 
@@ -468,23 +472,30 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_pr
     `offset` is where a new binding's stream starts; afterwards the device counter advances by itself.
     The returned tensors are the binding's own buffers, overwritten by its next call; pass `out=` (any of
     the outputs) to have them copied into yours.
+
+    From logits: pass `target_logits` [B, γ+1, V] and `draft_logits` [B, γ, V] (float32 or bfloat16) with
+    `target_temperature` and `draft_temperature` (float32 [B]; 0 = greedy for that request) instead of the
+    probabilities: p and q are softmax(logits / T), computed inside the kernels (default impl
+    `fused_logits`; the token-wise rule).
     """
+    from_logits = target_logits is not None or draft_logits is not None
+    if from_logits == (target_probs is not None or draft_probs is not None):
+        raise SdbenchError("give the probabilities (target_probs, draft_probs) or the logits (target_logits, "
+                           "draft_logits, with target_temperature and draft_temperature), one of the two")
+    if from_logits:
+        return _prob_verify_logits(draft_tokens, target_logits, draft_logits, target_temperature, draft_temperature,
+                                   impl or "fused_logits", seed, offset, uniforms, exponential_noise, out)
+    impl = impl or PROB_DEFAULT_IMPL
     from sdbench.ops.prob_verify.workload import ProbWorkload
 
     batch, gamma, vocab = _check_prob_inputs(draft_tokens, target_probs, draft_probs, uniforms, exponential_noise)
     device = draft_tokens.device
-    if not isinstance(seed, int) or isinstance(seed, bool) or not isinstance(offset, int) or isinstance(offset, bool):
-        raise SdbenchError(f"seed and offset must be integers, got {seed!r} and {offset!r}")
-    entry = registry.get("prob_verify", impl)
-    if device.type not in entry.devices or entry.unavailable_reason(device) is not None:
-        if device.type != "cpu":
-            reason = entry.unavailable_reason(device) or f"runs on {'/'.join(entry.devices)} only"
-            raise SdbenchError(f"impl {impl!r} cannot run here: {reason} (try impl={EAGER!r})")
-        entry = registry.get("prob_verify", EAGER)  # CPU tensors: the eager reference, as the other functions
+    _check_seed(seed, offset)
+    entry = _resolve_prob("prob_verify", impl, device)
     key = _prob_key(entry.name, (draft_tokens, target_probs, draft_probs, uniforms, exponential_noise), seed, logprobs)
     run = _prob_bindings.get(key)
     if run is None:
-        token_name = next(name for name, dtype in TOKEN_DTYPES.items() if dtype == draft_tokens.dtype)
+        token_name = _token_name(draft_tokens.dtype)
         config = VerifyConfig(batch_size=batch, gamma=gamma, vocab_size=vocab, token_dtype=token_name, seed=seed,
                               prob_dtype=_dtype_name(target_probs.dtype), logprobs=logprobs)
         reason = entry.supports(config)
@@ -499,13 +510,79 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_pr
                                torch.ones(vocab, dtype=torch.float32, device=device).expand(batch, vocab)),
             realised_acceptance=float("nan"), randomness="supplied" if supplied else "fast", offset=offset,
         )
-        run = entry.prepare(workload)
-        if len(_prob_bindings) >= _PROB_BINDINGS_MAX:
-            _prob_bindings.pop(next(iter(_prob_bindings)))
-        _prob_bindings[key] = run
-    produced = run()
+        run = _bind(key, entry.prepare(workload))
+    return _prob_outputs(run(), out, draft_tokens, (target_probs, draft_probs))
+
+
+def _check_seed(seed, offset) -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool) or not isinstance(offset, int) or isinstance(offset, bool):
+        raise SdbenchError(f"seed and offset must be integers, got {seed!r} and {offset!r}")
+
+
+def _token_name(dtype: torch.dtype) -> str:
+    return next(name for name, token_dtype in TOKEN_DTYPES.items() if token_dtype == dtype)
+
+
+def _bind(key: tuple, run):
+    if len(_prob_bindings) >= _PROB_BINDINGS_MAX:
+        _prob_bindings.pop(next(iter(_prob_bindings)))
+    _prob_bindings[key] = run
+    return run
+
+
+def _resolve_prob(op: str, impl: str, device: torch.device) -> registry.Implementation:
+    entry = registry.get(op, impl)
+    if device.type not in entry.devices or entry.unavailable_reason(device) is not None:
+        if device.type != "cpu":
+            reason = entry.unavailable_reason(device) or f"runs on {'/'.join(entry.devices)} only"
+            raise SdbenchError(f"impl {impl!r} cannot run here: {reason} (try impl={EAGER!r})")
+        entry = registry.get(op, EAGER)  # CPU tensors: the eager reference, as the other functions
+    return entry
+
+
+def _prob_verify_logits(draft_tokens, target_logits, draft_logits, target_temperature, draft_temperature, impl: str,
+                        seed: int, offset: int, uniforms, exponential_noise, out) -> Outputs:
+    from sdbench.ops.prob_verify_logits.workload import LogitsConfig, LogitsWorkload
+
+    batch, gamma, vocab = _check_prob_inputs(draft_tokens, target_logits, draft_logits, uniforms, exponential_noise,
+                                             names=("target_logits", "draft_logits"))
+    device = draft_tokens.device
+    for name, tensor in (("target_temperature", target_temperature), ("draft_temperature", draft_temperature)):
+        _require_tensor(name, tensor)
+        if tuple(tensor.shape) != (batch,) or tensor.dtype != torch.float32 or tensor.device != device:
+            raise SdbenchError(f"{name} must be float32 [{batch}] on {device} (0 = greedy for that request), got "
+                               f"{_dtype_name(tensor.dtype)} {_shape(tensor)} on {tensor.device}")
+    _check_seed(seed, offset)
+    entry = _resolve_prob("prob_verify_logits", impl, device)
+    tensors = (draft_tokens, target_logits, draft_logits, target_temperature, draft_temperature, uniforms,
+               exponential_noise)
+    key = _prob_key(f"logits:{entry.name}", tensors, seed, False)
+    run = _prob_bindings.get(key)
+    if run is None:
+        config = LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=_dtype_name(target_logits.dtype),
+                              token_dtype=_token_name(draft_tokens.dtype), seed=seed)
+        reason = entry.supports(config)
+        if reason is not None:
+            raise SdbenchError(f"impl {entry.name!r} cannot run batch={batch}, gamma={gamma}, V={vocab}: {reason}")
+        supplied = uniforms is not None
+        workload = LogitsWorkload(
+            config=config, draft_tokens=draft_tokens, target_logits=target_logits, draft_logits=draft_logits,
+            target_temperature=target_temperature, draft_temperature=draft_temperature,
+            uniforms=uniforms if supplied else torch.empty((batch, gamma), dtype=torch.float32, device=device),
+            exponential_noise=(exponential_noise if supplied else
+                               torch.ones(vocab, dtype=torch.float32, device=device).expand(batch, vocab)),
+            randomness="supplied" if supplied else "fast", offset=offset,
+        )
+        run = _bind(key, entry.prepare(workload))
+    return _prob_outputs(run(), out, draft_tokens, (target_logits, draft_logits))
+
+
+def _prob_outputs(produced: Outputs, out: Outputs | None, draft_tokens: torch.Tensor, inputs: tuple) -> Outputs:
+    """The binding's outputs, copied into the caller's `out=` buffers where given."""
     if out is None:
         return produced
+    batch, gamma = draft_tokens.shape
+    device = draft_tokens.device
     specs = {"accepted_lengths": ((batch,), torch.int64), "next_tokens": ((batch,), draft_tokens.dtype),
              "output_tokens": ((batch, gamma + 1), draft_tokens.dtype)}
     if not isinstance(out, dict):
@@ -514,6 +591,6 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_pr
     if unknown:
         raise SdbenchError(f"out has unknown keys {', '.join(unknown)}; outputs are {', '.join(specs)}")
     buffers = _outputs(out, {name: specs[name] for name in out}, device,
-                       {"draft_tokens": draft_tokens, "target_probs": target_probs, "draft_probs": draft_probs})
+                       {"draft_tokens": draft_tokens, "target_scores": inputs[0], "draft_scores": inputs[1]})
     _copy_into(buffers, produced)  # only the buffers asked for
     return {**produced, **buffers}

@@ -71,6 +71,8 @@ def test_validation(w):
     _bad(lambda: sdbench.prob_verify(d, p, q, impl="fussed"), r"did you mean 'fused'")
     _bad(lambda: sdbench.prob_verify(d, p, q, out={"packed_kv": torch.empty(1)}), r"out has unknown keys packed_kv")
     _bad(lambda: sdbench.prob_verify(d, p, q, out={"next_tokens": d.view(-1)[:6]}), r"overlaps draft_tokens")
+    _bad(lambda: sdbench.prob_verify(d), r"give the probabilities .* or the logits")
+    _bad(lambda: sdbench.prob_verify(d, p, q, target_logits=p), r"one of the two")
 
 
 CHILD = textwrap.dedent("""
@@ -104,3 +106,21 @@ def test_fused_kernel_through_the_api_under_the_interpreter():
     if report["probe"]:
         pytest.skip(report["probe"])
     assert report["same"] and report["fresh_binding_repeats_the_stream"]
+
+
+def test_from_logits_with_supplied_randomness_equals_the_reference():
+    from sdbench.ops.prob_verify_logits.reference import prob_verify_logits
+    from sdbench.ops.prob_verify_logits.workload import LogitsConfig, make_logits_workload
+
+    w = make_logits_workload(LogitsConfig(5, 3, vocab_size=48, seed=6))
+    out = sdbench.prob_verify(w.draft_tokens, target_logits=w.target_logits, draft_logits=w.draft_logits,
+                              target_temperature=w.target_temperature, draft_temperature=w.draft_temperature,
+                              uniforms=w.uniforms, exponential_noise=w.exponential_noise)
+    expected = prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                  w.draft_temperature, w.uniforms, w.exponential_noise)
+    for name in ("accepted_lengths", "next_tokens", "output_tokens"):
+        assert torch.equal(out[name], expected[name]), name
+    assert bool((w.target_temperature == 0).any())  # the mixed batch includes greedy requests
+    _bad(lambda: sdbench.prob_verify(w.draft_tokens, target_logits=w.target_logits, draft_logits=w.draft_logits,
+                                     target_temperature=w.target_temperature[:2], draft_temperature=w.draft_temperature),
+         r"target_temperature must be float32 \[5\]")
