@@ -398,7 +398,10 @@ def check(outputs: Outputs) -> None:
 # --- probabilistic verification ---------------------------------------------------------------------
 PROB_DEFAULT_IMPL = "fused"
 PROB_TORCH_DTYPES = (torch.float32, torch.bfloat16)
-_PROB_BINDINGS_MAX = 64  # prepared runs kept (an engine keeps a few persistent input buffers)
+# Prepared runs kept, least recently used dropped first. A binding holds its input tensors (its kernels read
+# them), so fresh tensors every call would pin memory and re-prepare (one sync) every call: an engine passes
+# its persistent step buffers.
+_PROB_BINDINGS_MAX = 8
 _prob_bindings: dict[tuple, object] = {}
 
 
@@ -471,7 +474,8 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = 
     capture. Later calls on the same tensors only launch: no host sync, capturable. In the fast mode
     `offset` is where a new binding's stream starts; afterwards the device counter advances by itself.
     The returned tensors are the binding's own buffers, overwritten by its next call; pass `out=` (any of
-    the outputs) to have them copied into yours.
+    the outputs) to have them copied into yours. A binding keeps its input tensors alive; the 8 most
+    recently used bindings are kept, so pass persistent step buffers, not fresh tensors every call.
 
     From logits: pass `target_logits` [B, γ+1, V] and `draft_logits` [B, γ, V] (float32 or bfloat16) with
     `target_temperature` and `draft_temperature` (float32 [B]; 0 = greedy for that request) instead of the
@@ -493,7 +497,7 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = 
     _check_seed(seed, offset)
     entry = _resolve_prob("prob_verify", impl, device)
     key = _prob_key(entry.name, (draft_tokens, target_probs, draft_probs, uniforms, exponential_noise), seed, logprobs)
-    run = _prob_bindings.get(key)
+    run = _bound(key)
     if run is None:
         token_name = _token_name(draft_tokens.dtype)
         config = VerifyConfig(batch_size=batch, gamma=gamma, vocab_size=vocab, token_dtype=token_name, seed=seed,
@@ -530,6 +534,14 @@ def _bind(key: tuple, run):
     return run
 
 
+def _bound(key: tuple):
+    """The binding for key, marked most recently used; None when there is none."""
+    run = _prob_bindings.pop(key, None)
+    if run is not None:
+        _prob_bindings[key] = run
+    return run
+
+
 def _resolve_prob(op: str, impl: str, device: torch.device) -> registry.Implementation:
     entry = registry.get(op, impl)
     if device.type not in entry.devices or entry.unavailable_reason(device) is not None:
@@ -557,7 +569,7 @@ def _prob_verify_logits(draft_tokens, target_logits, draft_logits, target_temper
     tensors = (draft_tokens, target_logits, draft_logits, target_temperature, draft_temperature, uniforms,
                exponential_noise)
     key = _prob_key(f"logits:{entry.name}", tensors, seed, False)
-    run = _prob_bindings.get(key)
+    run = _bound(key)
     if run is None:
         config = LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=_dtype_name(target_logits.dtype),
                               token_dtype=_token_name(draft_tokens.dtype), seed=seed)

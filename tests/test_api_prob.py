@@ -124,3 +124,25 @@ def test_from_logits_with_supplied_randomness_equals_the_reference():
     _bad(lambda: sdbench.prob_verify(w.draft_tokens, target_logits=w.target_logits, draft_logits=w.draft_logits,
                                      target_temperature=w.target_temperature[:2], draft_temperature=w.draft_temperature),
          r"target_temperature must be float32 \[5\]")
+
+
+def test_bindings_are_reused_and_bounded(w):
+    api._prob_bindings.clear()
+    calls = []
+    real = api._bind
+
+    def counting(key, run):
+        calls.append(key)
+        return real(key, run)
+
+    api._bind, previous = counting, api._bind
+    try:
+        for _ in range(3):
+            sdbench.prob_verify(w.draft_tokens, w.target_probs, w.draft_probs, seed=1)
+        assert len(calls) == 1  # prepared once for these tensors
+        for _ in range(12):  # fresh tensors each time: new bindings, at most 8 kept
+            sdbench.prob_verify(w.draft_tokens.clone(), w.target_probs.clone(), w.draft_probs.clone(), seed=1)
+        assert len(calls) == 13 and len(api._prob_bindings) == api._PROB_BINDINGS_MAX
+    finally:
+        api._bind = previous
+        api._prob_bindings.clear()
