@@ -75,6 +75,7 @@ class SweepSpec:
     impls: tuple[str, ...] = ()  # () = every registered implementation of op
     dist: str = "binomial"
     fixed_length: int | None = None  # dist "fixed": every k_i
+    draft_lengths: str = "uniform"  # verify_ragged: the distribution of γ_i
     trace_path: str | None = None  # dist "trace": a file of observed accepted lengths
     device: str = "cuda"
     warmup: int = 20
@@ -188,7 +189,7 @@ def grid(spec: SweepSpec) -> list[VerifyConfig]:
         configs.append(VerifyConfig(
             batch_size=batch, gamma=gamma, alpha=float(alpha), kv_dim=kv_dim, dist=spec.dist, vocab_size=vocab,
             token_dtype=token_dtype, seed=spec.seed, fixed_length=spec.fixed_length, trace_path=spec.trace_path,
-            **dtype_field,
+            draft_lengths=spec.draft_lengths, **dtype_field,
         ))
     return configs
 
@@ -205,6 +206,7 @@ def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.Timi
         "op": op, "device": torch.device(device).type, "batch_size": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha,
         "kv_dim": cfg.kv_dim, "vocab_size": cfg.vocab_size, "dist": cfg.dist,
         "fixed_length": cfg.fixed_length if cfg.dist == "fixed" else None,
+        "draft_lengths": cfg.draft_lengths if op == "verify_ragged" else None,
         "trace_sha256": results.trace_sha256(cfg.trace_path) if cfg.dist.startswith("trace") else None,
         "token_dtype": cfg.token_dtype, "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype,
         "seed": cfg.seed, "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,

@@ -55,6 +55,7 @@ SCHEMA = pa.schema([
     ("alpha", pa.float64()),
     ("dist", pa.string()),
     ("fixed_length", pa.int32()),
+    ("draft_lengths", pa.string()),
     ("trace_sha256", pa.string()),
     ("token_dtype", pa.string()),
     ("kv_dtype", pa.string()),
@@ -97,7 +98,7 @@ VIEWS = ("wall", "graph", "gpu", "cpu")
 # columns never pool. The machine columns are added where runs of one machine belong together (resume,
 # report) and left out where runs are matched across machines (compare).
 CONFIG_COLUMNS = (
-    "op", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist", "fixed_length", "trace_sha256",
+    "op", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist", "fixed_length", "draft_lengths", "trace_sha256",
     "token_dtype", "kv_dtype", "seed", "cold_l2", "settings",
 )
 MACHINE_COLUMNS = ("device", "gpu_name")

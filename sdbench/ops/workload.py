@@ -29,6 +29,7 @@ from sdbench.errors import SdbenchError
 
 DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace", "trace-rounds", "trace-rounds-sorted")
 TRACE_DISTRIBUTIONS = ("trace", "trace-rounds", "trace-rounds-sorted")
+DRAFT_LENGTH_DISTRIBUTIONS = ("uniform", "full", "bimodal")  # verify_ragged's γ_i (see its workload)
 TOKEN_DTYPES = {"int64": torch.int64, "int32": torch.int32}
 KV_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 PROB_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -53,6 +54,8 @@ class VerifyConfig:
     # prob_verify only: dtype of the p / q distributions, and whether they are given as log-probs.
     prob_dtype: str = "float32"
     logprobs: bool = False
+    # verify_ragged only: how the draft lengths γ_i are drawn (sdbench/ops/verify_ragged/workload.py).
+    draft_lengths: str = "uniform"
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -85,6 +88,8 @@ def validate_config(cfg: VerifyConfig) -> None:
         raise SdbenchError(f"token dtype must be one of {', '.join(TOKEN_DTYPES)}, got {cfg.token_dtype!r}")
     if cfg.kv_dtype not in KV_DTYPES:
         raise SdbenchError(f"KV dtype must be one of {', '.join(KV_DTYPES)}, got {cfg.kv_dtype!r}")
+    if cfg.draft_lengths not in DRAFT_LENGTH_DISTRIBUTIONS:
+        raise SdbenchError(f"draft lengths must be one of {', '.join(DRAFT_LENGTH_DISTRIBUTIONS)}, got {cfg.draft_lengths!r}")
     if cfg.prob_dtype not in PROB_DTYPES:
         raise SdbenchError(f"probability dtype must be one of {', '.join(PROB_DTYPES)}, got {cfg.prob_dtype!r}")
     if cfg.token_dtype == "int32" and cfg.vocab_size > 2**31 - 1:

@@ -15,7 +15,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "results-schema.md"
 
 def _config(**changes):
     values = {"op": "verify", "device": "cpu", "batch_size": 32, "gamma": 8, "alpha": 0.3, "kv_dim": 0,
-              "vocab_size": 32000, "dist": "binomial", "fixed_length": None, "trace_sha256": None, "token_dtype": "int64",
+              "vocab_size": 32000, "dist": "binomial", "fixed_length": None, "draft_lengths": None, "trace_sha256": None,
+              "token_dtype": "int64",
               "kv_dtype": "float16", "seed": 0, "cold_l2": False, "settings": "warmup=20 iters=3 gpu_iters=50",
               "gpu_name": "NVIDIA H100 80GB HBM3"}
     return {**values, **changes}

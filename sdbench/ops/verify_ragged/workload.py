@@ -2,8 +2,10 @@
 
 The padded workload (sdbench.ops.workload) gives draft [B, γ_max], target [B, γ_max + 1] and k_i; each
 request keeps the first γ_i drafts and γ_i + 1 targets. Its accepted length is min(k_i, γ_i): when
-k_i < γ_i the padded mismatch is inside the kept range, otherwise every kept draft agrees. γ_i is drawn
-uniformly from [0, γ_max] (so zero-length requests occur), seeded by the config, unless given.
+k_i < γ_i the padded mismatch is inside the kept range, otherwise every kept draft agrees. γ_i, unless
+given, follows the config's `draft_lengths` (seeded): `uniform` in [0, γ_max] (zero-length requests
+occur), `full` (every request drafts γ_max: the padded layout's case), `bimodal` (each request drafts
+γ_max or 1 with equal odds: long and short drafts side by side, as adaptive block sizes produce).
 """
 
 from __future__ import annotations
@@ -30,8 +32,13 @@ class RaggedVerifyWorkload:
 
 
 def draw_draft_lengths(cfg: VerifyConfig) -> torch.Tensor:
-    """γ_i uniform in [0, γ_max], seeded by cfg (a stream of its own: the padded tokens do not move)."""
+    """γ_i by cfg.draft_lengths, seeded by cfg (a stream of its own: the padded tokens do not move)."""
     generator = torch.Generator().manual_seed(cfg.seed + 7919)
+    if cfg.draft_lengths == "full":
+        return torch.full((cfg.batch_size,), cfg.gamma, dtype=torch.int64)
+    if cfg.draft_lengths == "bimodal":
+        long = torch.rand(cfg.batch_size, generator=generator) < 0.5
+        return torch.where(long, cfg.gamma, 1).to(torch.int64)
     return torch.randint(0, cfg.gamma + 1, (cfg.batch_size,), generator=generator, dtype=torch.int64)
 
 

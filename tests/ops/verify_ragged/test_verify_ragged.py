@@ -115,3 +115,41 @@ def test_triton_kernels_match_the_reference_under_the_interpreter():
     if report["probe"]:
         pytest.skip(f"Triton cannot run here: {report['probe']}")
     assert report["checked"] == 10 and report["failures"] == []
+
+
+@pytest.mark.parametrize("kind", ["uniform", "full", "bimodal"])
+def test_draft_length_distributions(kind):
+    cfg = VerifyConfig(400, 12, 0.7, draft_lengths=kind, seed=3)
+    w = make_ragged_workload(cfg)
+    lengths = w.draft_lengths
+    if kind == "full":
+        assert set(lengths.tolist()) == {12}
+    elif kind == "bimodal":
+        assert set(lengths.tolist()) == {1, 12} and 150 < int((lengths == 12).sum()) < 250
+    else:
+        assert int(lengths.min()) == 0 and int(lengths.max()) == 12 and len(set(lengths.tolist())) == 13
+    out = verify_ragged(w.draft_tokens, w.target_tokens, w.cu_num_draft_tokens)
+    assert torch.equal(out["accepted_lengths"], w.accepted_lengths)
+
+
+def test_unknown_draft_length_distribution_is_an_error():
+    from sdbench.errors import SdbenchError
+
+    with pytest.raises(SdbenchError, match="draft lengths must be one of uniform, full, bimodal"):
+        VerifyConfig(4, 8, draft_lengths="zipf")
+
+
+def test_sweep_axis_is_in_the_config_key(tmp_path):
+    from sdbench.commands import sweep
+
+    keys = set()
+    for kind in ("uniform", "bimodal"):
+        spec = sweep.build_spec(op="verify_ragged", impls=["torch_eager"], batch_sizes=[8], gammas=[4], alphas=[0.5],
+                                device="cpu", warmup=0, iters=3, out_dir=tmp_path, draft_lengths=kind, resume=True)
+        summary = sweep.run_sweep(spec)
+        assert summary.measured == 1  # the second kind is a new config, not skipped by --resume
+    from sdbench.measure import results
+
+    for row in results.read_rows(tmp_path):
+        keys.add(row["draft_lengths"])
+    assert keys == {"uniform", "bimodal"}
