@@ -523,6 +523,8 @@ def _with_stats(row: dict[str, Any], result: timing.ViewResult, max_noise: float
         noise = timing.median_noise(result.samples_us)
         row.update(dataclasses.asdict(stats), samples_us=list(result.samples_us), noise=noise,
                    noisy=noise is None or noise > max_noise)
+        if row["view"] == "graph":
+            row["calls_per_sample"] = result.calls_per_sample
     return row
 
 

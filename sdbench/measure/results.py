@@ -23,8 +23,10 @@ import pyarrow.parquet as pq
 
 from sdbench.errors import SdbenchError
 
-SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)  # version 1 lacks fixed_length, trace_sha256 and settings: they read as null
+SCHEMA_VERSION = 3
+# Version 1 lacks fixed_length, trace_sha256 and settings; version 2 lacks calls_per_sample (its graph rows
+# timed one copy per replay, launch latency included): missing columns read as null.
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 PART_GLOB = "part-*.parquet"
 
 SCHEMA = pa.schema([
@@ -80,6 +82,7 @@ SCHEMA = pa.schema([
     ("samples_us", pa.list_(pa.float64())),
     ("noise", pa.float64()),
     ("noisy", pa.bool_()),
+    ("calls_per_sample", pa.int32()),  # graph rows: copies of the call per timed replay (samples are per copy)
     ("launch_floor_us", pa.float64()),  # the floor of the row's own launch path (launch_path), same run and view
     ("launch_path", pa.string()),  # custom_op | triton | triton_bound | torch_eager (null before this column)
     ("launch_floor_min_us", pa.float64()),  # the lowest floor of the paths measured in that config and view

@@ -45,6 +45,33 @@ def test_graph_replay_outputs_equal_eager_outputs(impl):
     graph.reset()
 
 
+@pytest.mark.parametrize("copies", [1, 5])
+def test_graph_of_several_copies_equals_one_eager_call(copies):
+    workload = make_verify_workload(VerifyConfig(33, 128, 0.6, dist="geometric", seed=11), DEVICE)
+    run = registry.get("verify", "ballot").prepare(workload)
+    eager = {name: tensor.clone() for name, tensor in run().items()}
+    graph, captured = timing.capture_graph(run, copies=copies)
+    parity.poison(captured)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, tensor in eager.items():
+        assert torch.equal(captured[name], tensor), name
+    graph.reset()
+
+
+def test_graph_view_amortises_the_launch_latency():
+    # An empty kernel: many copies per replay when warm, one when cold; either way, behind the blocking
+    # kernel, its graph time sits near its device time and far below what one launch costs the host.
+    floor = launch_floor(DEVICE)
+    assert floor.run is not None, floor.reason
+    warm = timing.measure({"floor": floor.run}, DEVICE, SHORT)["floor"]
+    cold = timing.measure({"floor": floor.run}, DEVICE, timing.TimingOptions(warmup=3, iters=20, gpu_iters=10,
+                                                                            cold_l2=True))["floor"]
+    assert warm["graph"].calls_per_sample > 16 and cold["graph"].calls_per_sample == 1
+    for measured in (warm, cold):
+        assert measured["graph"].stats.median_us < 0.5 * measured["wall"].stats.median_us
+
+
 def test_gpu_view_of_a_copy_is_nonzero_and_below_wall():
     source = torch.randn(32 * 2**20 // 4, device=DEVICE)  # 32 MiB: a copy of ~20 µs on an H100
     target = torch.empty_like(source)

@@ -206,3 +206,15 @@ def test_options_refuse_a_meaningless_noise_budget():
         timing.TimingOptions(max_noise=0.0)
     with pytest.raises(ValueError):
         timing.TimingOptions(max_time_s=-1.0)
+
+
+@pytest.mark.parametrize(("per_copy_us", "copies"), [
+    (0.5, timing.GRAPH_MAX_COPIES),  # an empty kernel: capped
+    (timing.GRAPH_TARGET_US / 100, 100),
+    (timing.GRAPH_TARGET_US / 2.4, 2),  # rounds to the nearest count
+    (timing.GRAPH_TARGET_US, 1),
+    (10 * timing.GRAPH_TARGET_US, 1),  # never fewer than one copy
+    (0.0, timing.GRAPH_MAX_COPIES),  # a probe that read nothing
+])
+def test_graph_copies_fill_the_target_time(per_copy_us, copies):
+    assert timing.graph_copies(per_copy_us) == copies
