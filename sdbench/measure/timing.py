@@ -271,8 +271,8 @@ def _event_loop(runs: Mapping[str, Callable[[], object]], device, options, flush
     block, when given, is a GPU spin queued before the start event (untimed): the run's launch is then
     queued before the start event fires, and the pair times device execution alone.
 
-    The first batch has `warmup` untimed rounds and `iters` timed ones; further batches of `iters` run, for
-    the callables still above max_noise, until max_time_s has been spent in this view.
+    The first batch has `warmup` untimed rounds and `iters` timed ones; further batches of `iters` run, all
+    callables in rotation, while any is above max_noise, until max_time_s has been spent in this view.
     """
     started = time.perf_counter()
     active = [name for name in runs if results[name].status == "ok"]
@@ -306,7 +306,10 @@ def _event_loop(runs: Mapping[str, Callable[[], object]], device, options, flush
         warmup = 0
         if time.perf_counter() - started >= options.max_time_s:
             break
-        active = [name for name in active if is_noisy(results[name].samples_us, options.max_noise)]
+        # Another batch for every callable while any is noisy: a callable sampled alone later would see
+        # another machine state than the floor beside it (the wall view drifts 30-40% within a sweep).
+        if not any(is_noisy(results[name].samples_us, options.max_noise) for name in active):
+            break
 
 
 def _measure_wall(callables, device, options, flush) -> dict[str, ViewResult]:
