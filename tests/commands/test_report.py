@@ -433,9 +433,14 @@ def test_rows_below_their_own_floor_are_found_and_noted(tmp_path):
              "noise": 0.01}
     noisy = {**base, "impl": "flashspec", "median_us": 19.5, "launch_floor_us": 20.0, "launch_path": "triton",
              "noise": 0.05}
-    rows = [above, below, noisy]
-    assert [row["impl"] for row in rows_below_own_floor(rows)] == ["fused"]
+    # the wall view's 5% host-path tolerance: 4% below is at the floor there, 6% below is not
+    wall_near = {**base, "impl": "naive", "view": "wall", "median_us": 19.2, "launch_floor_us": 20.0,
+                 "launch_path": "custom_op", "noise": 0.0}
+    wall_far = {**base, "impl": "ballot+pack_cuda", "view": "wall", "median_us": 18.8, "launch_floor_us": 20.0,
+                "launch_path": "custom_op", "noise": 0.0}
+    rows = [above, below, noisy, wall_near, wall_far]
+    assert [row["impl"] for row in rows_below_own_floor(rows)] == ["fused", "ballot+pack_cuda"]
     path = synthetic_results.write(tmp_path / "part-0.parquet", rows)
     built = report.build_report([path])
-    assert any("below their own launch floor" in note and "fused" in note and "flashspec" not in note
-               for note in built.notes), built.notes
+    assert any("below their own launch floor" in note and "fused" in note and "ballot+pack_cuda" in note
+               and "flashspec" not in note and "naive" not in note for note in built.notes), built.notes
