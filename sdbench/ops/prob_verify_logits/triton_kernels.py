@@ -58,7 +58,7 @@ except ImportError:  # older Triton layouts
 
 TILE = 64 if INTERPRETED else 2048  # columns per step of a stats program (16 per thread at 4 warps)
 STATS_WARPS = 4
-STATS_PROGRAMS_PER_SM = 4  # pass 1 is a pure stream: several resident programs per SM hide latency
+STATS_PROGRAMS_PER_SM = 16  # pass 1 is a pure stream: many programs in flight per SM hide latency (4 -> 16: b=32 V=128256 bf16 122.7 -> 97.8 µs cold; 64 is slower)
 NO_INDEX = tl.constexpr(2**31 - 1)  # globals a jit function reads must be constexpr
 TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_contract
 RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
