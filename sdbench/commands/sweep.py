@@ -406,6 +406,10 @@ def measure_config(
                 if row["status"] == "ok" and impl.name in notes:
                     row["reason"] = notes[impl.name]
     rows = [row for impl in impls for row in rows_of[impl.name]]
+    for row in rows:
+        path = path_of.get(row["impl"], "custom_op")
+        own_floor = timings.get(timing.LAUNCH_FLOOR if path == "custom_op" else f"{timing.LAUNCH_FLOOR}:{path}")
+        _flag_floor_drift(row, (own_floor or timings.get(timing.LAUNCH_FLOOR) or {}).get(row["view"]))
     rows.extend(_floor_rows(base, floor, views, timings.get(timing.LAUNCH_FLOOR), options.max_noise))
     gpu_iters = min(options.iters, options.gpu_iters)
     for row in rows:
@@ -536,6 +540,18 @@ def _timed_row(base, impl: Implementation, view: str, result: timing.ViewResult,
     if bytes_moved is not None and row.get("median_us"):
         row["achieved_gbps"] = bytes_moved / (row["median_us"] * 1e3)
     return row
+
+
+def _flag_floor_drift(row: dict[str, Any], floor: timing.ViewResult | None) -> None:
+    """Record how far the row's ratio to its own floor moved within the run (wall and graph, the views
+    read against a floor sampled beside them); beyond timing.MAX_FLOOR_DRIFT the row is noisy, whatever
+    its median's standard error: it will not repeat against its floor in another run."""
+    if row["status"] != "ok" or row["view"] not in ("wall", "graph") or floor is None or floor.status != "ok":
+        return
+    drift = timing.floor_drift(row["samples_us"], floor.samples_us)
+    row["floor_drift"] = drift
+    if drift is not None and drift > timing.MAX_FLOOR_DRIFT:
+        row["noisy"] = True
 
 
 def _floor_rows(base, floor: LaunchFloor, views, floor_timings, max_noise: float) -> list[dict[str, Any]]:

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 from sdbench.errors import SdbenchError
 
 SCHEMA_VERSION = 3
-# Version 1 lacks fixed_length, trace_sha256 and settings; version 2 lacks calls_per_sample (its graph rows
-# timed one copy per replay, launch latency included): missing columns read as null.
+# Version 1 lacks fixed_length, trace_sha256 and settings; version 2 lacks calls_per_sample and floor_drift
+# (its graph rows timed one copy per replay, launch latency included): missing columns read as null.
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 PART_GLOB = "part-*.parquet"
 
@@ -83,6 +83,7 @@ SCHEMA = pa.schema([
     ("noise", pa.float64()),
     ("noisy", pa.bool_()),
     ("calls_per_sample", pa.int32()),  # graph rows: copies of the call per timed replay (samples are per copy)
+    ("floor_drift", pa.float64()),  # wall / graph rows: spread of the row / own-floor ratio over the run's quarters
     ("launch_floor_us", pa.float64()),  # the floor of the row's own launch path (launch_path), same run and view
     ("launch_path", pa.string()),  # custom_op | triton | triton_bound | torch_eager (null before this column)
     ("launch_floor_min_us", pa.float64()),  # the lowest floor of the paths measured in that config and view

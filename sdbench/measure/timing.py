@@ -115,6 +115,30 @@ def median_noise(samples_us: Sequence[float]) -> float | None:
     return (high - low) / 2.0 / 1.96 / median if median > 0 else None
 
 
+DRIFT_QUARTERS = 4
+MAX_FLOOR_DRIFT = 0.05  # the wall view's run-to-run bar: a row whose ratio to its floor moves more, moves between runs
+
+
+def floor_drift(samples_us: Sequence[float], floor_us: Sequence[float]) -> float | None:
+    """How much a row's ratio to its floor moved while it was sampled: the spread (max - min) of the ratio's
+    median over DRIFT_QUARTERS consecutive stretches of the run, relative to its overall median.
+
+    Sample i of a row and of its floor come from the same round of the rotation, so a machine that slows
+    both alike leaves the ratio flat; a state that reaches one launch path and not the other (the host's
+    caches, the Python launcher against the dispatcher) moves it, and then the row will not repeat against
+    its floor in another run either. None with fewer than two samples per stretch."""
+    count = min(len(samples_us), len(floor_us))
+    if count < 2 * DRIFT_QUARTERS:
+        return None
+    ratios = [row / floor for row, floor in zip(samples_us[:count], floor_us[:count], strict=True) if floor > 0]
+    if len(ratios) < 2 * DRIFT_QUARTERS:
+        return None
+    stretch = len(ratios) // DRIFT_QUARTERS
+    medians = [percentile(ratios[i * stretch:(i + 1) * stretch], 50.0) for i in range(DRIFT_QUARTERS)]
+    overall = percentile(ratios, 50.0)
+    return (max(medians) - min(medians)) / overall if overall > 0 else None
+
+
 def is_noisy(samples_us: Sequence[float], max_noise: float) -> bool:
     """Above the noise threshold, or too few samples to tell."""
     noise = median_noise(samples_us)

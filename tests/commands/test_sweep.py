@@ -412,3 +412,23 @@ def test_a_killed_sweeps_claim_is_taken_over(tmp_path):
                              device="cpu", warmup=0, iters=3, out_dir=tmp_path, resume=False)
     assert (sweep.run_sweep(again).measured, lock.exists()) == (0, True)
 
+
+
+@pytest.mark.parametrize(("view", "row_samples", "noisy", "drift"), [
+    ("wall", [30.0] * 40, False, 0.0),  # steady against a steady floor
+    ("wall", [30.0] * 30 + [36.0] * 10, True, 0.2),  # moved 20% against its floor in the last quarter
+    ("graph", [3.0] * 30 + [3.6] * 10, True, 0.2),
+    ("gpu", [3.0] * 30 + [3.6] * 10, False, None),  # the gpu view is not read against a floor sampled beside it
+])
+def test_a_row_that_drifts_against_its_own_floor_is_noisy(view, row_samples, noisy, drift):
+    row = {"status": "ok", "view": view, "samples_us": row_samples, "noisy": False}
+    sweep._flag_floor_drift(row, sweep.timing.ViewResult(samples_us=[20.0] * 40))
+    assert row["noisy"] is noisy
+    assert row.get("floor_drift") == (pytest.approx(drift) if drift is not None else None)
+
+
+def test_floor_drift_is_left_alone_without_a_measured_floor():
+    row = {"status": "ok", "view": "wall", "samples_us": [30.0] * 40, "noisy": False}
+    sweep._flag_floor_drift(row, None)
+    sweep._flag_floor_drift(row, sweep.timing.ViewResult(status="error", reason="raised"))
+    assert "floor_drift" not in row and row["noisy"] is False

@@ -218,3 +218,24 @@ def test_options_refuse_a_meaningless_noise_budget():
 ])
 def test_graph_copies_fill_the_target_time(per_copy_us, copies):
     assert timing.graph_copies(per_copy_us) == copies
+
+
+def test_floor_drift_is_flat_when_the_machine_slows_row_and_floor_alike():
+    # the whole host slows 40% half-way: both move, the ratio does not
+    floor = [20.0] * 100 + [28.0] * 100
+    row = [30.0] * 100 + [42.0] * 100
+    assert timing.floor_drift(row, floor) == pytest.approx(0.0)
+
+
+def test_floor_drift_sees_a_row_that_moved_against_its_floor():
+    # the row's launch path got 20% slower in the last quarter, the floor's did not
+    floor = [20.0] * 200
+    row = [30.0] * 150 + [36.0] * 50
+    assert timing.floor_drift(row, floor) == pytest.approx(0.2)
+    assert timing.floor_drift(row, floor) > timing.MAX_FLOOR_DRIFT
+
+
+def test_floor_drift_pairs_samples_by_round_and_needs_enough_of_them():
+    assert timing.floor_drift([1.0] * 7, [1.0] * 7) is None  # fewer than two per quarter
+    # unequal lengths (a callable that left the rotation): only the common rounds are paired
+    assert timing.floor_drift([2.0] * 8 + [99.0] * 8, [1.0] * 8) == pytest.approx(0.0)
