@@ -353,8 +353,9 @@ def sweep_command(
 ) -> None:
     """Time every implementation over a grid (parity first) and write parquet rows per config and view.
 
-    Views on CUDA: wall (events around eager calls), graph (CUDA-graph replay), gpu (CUPTI kernel
-    time); on the CPU: cpu (host clock). Each config also times an empty kernel: the launch floor.
+    Views on CUDA: wall (events around eager calls), graph (cost inside a CUDA graph: copies per replay,
+    host launch latency excluded), gpu (CUPTI kernel time); on the CPU: cpu (host clock). Each config also
+    times an empty kernel per launch path: the launch floors.
     """
     from pathlib import Path
 

@@ -214,6 +214,23 @@ def test_compare_flags_a_planted_2x_regression_and_nothing_else(tmp_path):
     assert all(c.low > 1.8 for c in flagged)
 
 
+def test_compare_never_matches_graph_rows_timed_by_the_two_graph_methods(tmp_path):
+    """Graph rows from before schema v3 (one replay, launch latency in it) against rows timed inside the graph
+    (calls_per_sample set) are left out with a note; the other views still compare, and two new runs match."""
+    old = synthetic_results.make_rows(seed=1, run_id="a")
+    new = [{**row, "calls_per_sample": 8 if row["view"] == "graph" else None}
+           for row in synthetic_results.make_rows(seed=2, run_id="b")]
+    a = synthetic_results.write(tmp_path / "a.parquet", old)
+    b = synthetic_results.write(tmp_path / "b.parquet", new)
+    found, notes = compare.compare([a], [b], n_boot=200)
+    assert found and {c.get("view") for c in found} == {"wall", "gpu"}
+    assert any("graph rows left out" in note for note in notes), notes
+    assert not any("only in" in note for note in notes), notes
+    c = synthetic_results.write(tmp_path / "c.parquet", [{**row, "run_id": "c"} for row in new])
+    found, notes = compare.compare([b], [c], n_boot=200)
+    assert "graph" in {c.get("view") for c in found} and not notes
+
+
 def test_compare_does_not_flag_a_2_percent_change(tmp_path):
     found = _compare_pair(tmp_path, 1.02)
     assert all(c.verdict in ("SAME", "NOISY") for c in found)

@@ -43,23 +43,30 @@ class Comparison:
         return self.key[MATCH_KEYS.index(name)]
 
 
-def load_samples(paths: list[str | Path], wheres: list[Where]) -> tuple[dict[tuple, np.ndarray], set[tuple]]:
+def load_samples(paths: list[str | Path], wheres: list[Where]) -> tuple[dict[tuple, np.ndarray], set[tuple], set[tuple]]:
     """Pooled samples of every timed (config, impl, view) (the stored median stands in where none were kept),
-    and the keys any of whose rows the sweep flagged noisy."""
+    the keys any of whose rows the sweep flagged noisy, and the graph keys timed before schema v3 (no
+    calls_per_sample: one replay, launch latency included)."""
     pl = require_polars()
     frame = apply_where(scan(paths), wheres)
-    if "noisy" not in frame.collect_schema().names():  # results from before noise was recorded
+    names = frame.collect_schema().names()
+    if "noisy" not in names:  # results from before noise was recorded
         frame = frame.with_columns(pl.lit(None, dtype=pl.Boolean).alias("noisy"))
+    if "calls_per_sample" not in names:  # results from before schema v3
+        frame = frame.with_columns(pl.lit(None, dtype=pl.Int32).alias("calls_per_sample"))
     frame = frame.filter((pl.col("status") == "ok") & (pl.col("impl") != "launch_floor") & pl.col("median_us").is_not_null())
-    table = frame.select(*MATCH_KEYS, "samples_us", "median_us", "noisy").collect()
+    table = frame.select(*MATCH_KEYS, "samples_us", "median_us", "noisy", "calls_per_sample").collect()
     pooled: dict[tuple, list[np.ndarray]] = {}
     noisy: set[tuple] = set()
+    old_graph: set[tuple] = set()
     for row in table.iter_rows(named=True):
         key = tuple(row[name] for name in MATCH_KEYS)
         pooled.setdefault(key, []).append(np.asarray(row["samples_us"] or [row["median_us"]], dtype=float))
         if row["noisy"]:
             noisy.add(key)
-    return {key: np.concatenate(parts) for key, parts in pooled.items()}, noisy
+        if row["view"] == "graph" and row["calls_per_sample"] is None:
+            old_graph.add(key)
+    return {key: np.concatenate(parts) for key, parts in pooled.items()}, noisy, old_graph
 
 
 def bootstrap_ratio(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_boot: int,
@@ -106,9 +113,12 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
             threshold: float = 0.05, n_boot: int = 1000, confidence: float = 0.95,
             seed: int = 0) -> tuple[list[Comparison], list[str]]:
     """(one Comparison per config measured in both, notes on what did not match)."""
-    a, a_noisy = load_samples(a_paths, wheres or [])
-    b, b_noisy = load_samples(b_paths, wheres or [])
-    shared = sorted(set(a) & set(b), key=lambda key: tuple(str(value) for value in key))
+    a, a_noisy, a_old_graph = load_samples(a_paths, wheres or [])
+    b, b_noisy, b_old_graph = load_samples(b_paths, wheres or [])
+    # Graph rows written before schema v3 timed one replay with the graph's launch latency in it; later ones
+    # time the operation inside the graph. The two never match: a 10x "FASTER" would be the method's.
+    mixed_graph = {key for key in set(a) & set(b) if (key in a_old_graph) != (key in b_old_graph)}
+    shared = sorted(set(a) & set(b) - mixed_graph, key=lambda key: tuple(str(value) for value in key))
     if not shared:
         raise SdbenchError("A and B share no timed (config, impl, view): nothing to compare "
                            "(check that both ran the same preset, or narrow both with --where)")
@@ -120,10 +130,13 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
         verdict, why = judge(b_us / a_us, low, high, threshold, key in a_noisy or key in b_noisy)
         results.append(Comparison(key, a_us, b_us, low, high, verdict, why))
     notes = []
-    if len(a) > len(shared):
-        notes.append(f"{len(a) - len(shared)} (config, impl, view) only in A")
-    if len(b) > len(shared):
-        notes.append(f"{len(b) - len(shared)} (config, impl, view) only in B")
+    if mixed_graph:
+        notes.append(f"{len(mixed_graph)} graph rows left out: one side was timed before results schema v3 (one "
+                     "replay, launch latency included), the other inside the graph (calls_per_sample)")
+    if len(a) > len(shared) + len(mixed_graph):
+        notes.append(f"{len(a) - len(shared) - len(mixed_graph)} (config, impl, view) only in A")
+    if len(b) > len(shared) + len(mixed_graph):
+        notes.append(f"{len(b) - len(shared) - len(mixed_graph)} (config, impl, view) only in B")
     return results, notes
 
 
