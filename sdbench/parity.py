@@ -85,6 +85,10 @@ def expected_outputs(op: str, workload: VerifyWorkload) -> Outputs:
         from sdbench.ops.verify_ragged.reference import verify_ragged
 
         return verify_ragged(w.draft_tokens, w.target_tokens, w.cu_num_draft_tokens)
+    if op == "verify_pack_ragged":
+        from sdbench.ops.verify_pack_ragged.reference import verify_pack_ragged
+
+        return verify_pack_ragged(w.draft_tokens, w.target_tokens, w.cu_num_draft_tokens, w.draft_kv)
     raise ValueError(f"no greedy reference for operation {op!r}")
 
 
@@ -260,12 +264,13 @@ def input_bytes(op: str, cfg: VerifyConfig) -> int:
 
 
 def configs_for(op: str, grid: ParityGrid, seed: int = 0) -> Iterator[VerifyConfig]:
-    """Every config of grid that op needs (verify ignores KV widths and KV dtypes)."""
+    """Every config of grid that op needs (verify and verify_ragged ignore KV widths and KV dtypes)."""
     if op in ("prob_verify", "prob_verify_logits"):  # prob_verify_logits: batch, γ, V, dtype of the prob grid
         yield from _prob_configs(grid, seed)
         return
-    kv_dims = grid.kv_dims if op != "verify" else (0,)
-    kv_dtypes = grid.kv_dtypes if op != "verify" else ("float16",)
+    no_kv = op in ("verify", "verify_ragged")
+    kv_dims = (0,) if no_kv else grid.kv_dims
+    kv_dtypes = ("float16",) if no_kv else grid.kv_dtypes
     token_dtypes = grid.token_dtypes if op != "pack" else ("int64",)
     points = itertools.product(
         grid.batch_sizes, grid.gammas, grid.alphas, kv_dims, grid.dists, token_dtypes, kv_dtypes

@@ -33,7 +33,8 @@ from sdbench.ops.workload import DEFAULT_VOCAB_SIZE, KV_DTYPES, VerifyConfig
 from sdbench.registry import Implementation
 
 SWEEP_DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace", "trace-rounds", "trace-rounds-sorted")
-KV_OPS = ("pack", "verify_pack")
+KV_OPS = ("pack", "verify_pack", "verify_pack_ragged")
+RAGGED_OPS = ("verify_ragged", "verify_pack_ragged")
 DEFAULT_KV_DIMS = (128, 512, 1024, 2048)
 
 SWEEP_WARMUP_CALLS = 500  # empty launches before the first config (~10 ms)
@@ -206,7 +207,7 @@ def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.Timi
         "op": op, "device": torch.device(device).type, "batch_size": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha,
         "kv_dim": cfg.kv_dim, "vocab_size": cfg.vocab_size, "dist": cfg.dist,
         "fixed_length": cfg.fixed_length if cfg.dist == "fixed" else None,
-        "draft_lengths": cfg.draft_lengths if op == "verify_ragged" else None,
+        "draft_lengths": cfg.draft_lengths if op in RAGGED_OPS else None,
         "trace_sha256": results.trace_sha256(cfg.trace_path) if cfg.dist.startswith("trace") else None,
         "token_dtype": cfg.token_dtype, "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype,
         "seed": cfg.seed, "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,

@@ -5,7 +5,7 @@
     ops/workload.py            VerifyConfig (one point of any grid) and the greedy ops' inputs
     ops/prob_verify/workload.py  prob_verify's inputs
     ops/prob_verify_logits/workload.py  prob_verify_logits' inputs (LogitsConfig)
-    ops/verify_ragged/workload.py  verify_ragged's inputs (ragged γ_i, flattened layout)
+    ops/verify_ragged/workload.py  verify_ragged's and verify_pack_ragged's inputs (ragged γ_i, flattened layout)
 
 The registry imports every `*_impls` module under this package, so adding an implementation is one
 function and one `register(...)` call in its op's folder.
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify", "prob_verify_logits", "verify_ragged")
+OPERATIONS = ("verify", "pack", "verify_pack", "prob_verify", "prob_verify_logits", "verify_ragged",
+              "verify_pack_ragged")
 
 
 def make_workload(op: str, cfg, device: str | torch.device = "cpu"):
@@ -28,7 +29,7 @@ def make_workload(op: str, cfg, device: str | torch.device = "cpu"):
         from sdbench.ops.prob_verify_logits.workload import make_logits_workload
 
         return make_logits_workload(cfg, device)
-    if op == "verify_ragged":
+    if op in ("verify_ragged", "verify_pack_ragged"):
         from sdbench.ops.verify_ragged.workload import make_ragged_workload
 
         return make_ragged_workload(cfg, device)

@@ -25,6 +25,7 @@ class RaggedVerifyWorkload:
     cu_num_draft_tokens: torch.Tensor  # [B] int64, inclusive
     draft_lengths: torch.Tensor  # [B] int64, γ_i
     accepted_lengths: torch.Tensor  # [B] int64, the oracle
+    draft_kv: torch.Tensor | None = None  # [T, kv_dim], laid out like draft_tokens (kv_dim > 0: verify_pack_ragged)
 
     @property
     def device(self) -> torch.device:
@@ -54,11 +55,18 @@ def flatten(draft: torch.Tensor, target: torch.Tensor, draft_lengths: torch.Tens
 
 def make_ragged_workload(cfg: VerifyConfig, device: str | torch.device = "cpu",
                          draft_lengths: torch.Tensor | None = None) -> RaggedVerifyWorkload:
-    padded = make_verify_workload(cfg.replace(kv_dim=0), device)
+    """The padded workload's tokens cut to γ_i; with cfg.kv_dim > 0 its draft KV rows too (the padded
+    workload draws its KV after its tokens, so the tokens are the same with or without KV)."""
+    padded = make_verify_workload(cfg, device)
     lengths = (draw_draft_lengths(cfg) if draft_lengths is None else draft_lengths.to(torch.int64).cpu()).to(device)
     draft, target, cu = flatten(padded.draft_tokens, padded.target_tokens, lengths)
+    draft_kv = None
+    if padded.draft_kv is not None:
+        kept = torch.arange(cfg.gamma, device=lengths.device)[None, :] < lengths[:, None]
+        draft_kv = padded.draft_kv[kept]
     return RaggedVerifyWorkload(config=cfg, draft_tokens=draft, target_tokens=target, cu_num_draft_tokens=cu,
-                                draft_lengths=lengths, accepted_lengths=torch.minimum(padded.accepted_lengths, lengths))
+                                draft_lengths=lengths, accepted_lengths=torch.minimum(padded.accepted_lengths, lengths),
+                                draft_kv=draft_kv)
 
 
 def ragged_outputs(w: RaggedVerifyWorkload) -> dict[str, torch.Tensor]:
