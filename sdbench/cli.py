@@ -547,6 +547,7 @@ def report_command(
     compare: Annotated[bool, typer.Option("--compare", help="Compare two results A B: per-config B/A with bootstrap intervals.")] = False,
     threshold: Annotated[float, typer.Option(help="--compare: smallest |B/A - 1| flagged as a change.")] = 0.05,
     seed: Annotated[int, typer.Option(help="--compare: bootstrap seed.")] = 0,
+    against_floor: Annotated[bool, typer.Option("--against-floor", help="--compare: each row as a multiple of its own launch floor in its own run (what repeats when the host's launch cost drifts between sessions).")] = False,
     ceiling_gbps: Annotated[float | None, typer.Option(help="Copy-bandwidth ceiling in GB/s (default: the GPU's profile, else the best achieved).")] = None,
     max_rows: Annotated[int, typer.Option(help="Rows per table printed here (report.md holds them all).")] = 60,
     table: Annotated[str | None, typer.Option("--table", help="Only the tables whose title contains this (e.g. latency).")] = None,
@@ -562,7 +563,7 @@ def report_command(
 
     wheres = [report.parse_where(text) for text in where or []]
     if compare:
-        _report_compare(results, wheres, threshold, seed, out, max_rows)
+        _report_compare(results, wheres, threshold, seed, out, max_rows, against_floor)
         return
     sweep_paths, e2e_files = e2e.split_paths(results)
     extra = _e2e_tables(e2e_files, trace or [], trace_gamma)
@@ -623,13 +624,14 @@ def _e2e_tables(e2e_files: list[str], traces: list[str], trace_gamma: int | None
     return tables
 
 
-def _report_compare(results: list[str], wheres, threshold: float, seed: int, out: str | None, max_rows: int) -> None:
+def _report_compare(results: list[str], wheres, threshold: float, seed: int, out: str | None, max_rows: int,
+                    against_floor: bool = False) -> None:
     from pathlib import Path
 
     from sdbench.commands.report import compare
 
-    found, notes = compare.compare_runs(results, wheres, threshold=threshold, seed=seed)
-    table = compare.compare_table(found, notes, results[0], results[1], threshold)
+    found, notes = compare.compare_runs(results, wheres, threshold=threshold, seed=seed, against_floor=against_floor)
+    table = compare.compare_table(found, notes, results[0], results[1], threshold, against_floor=against_floor)
     console.print(table.rich(max_rows=max_rows))
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)

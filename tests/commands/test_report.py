@@ -231,6 +231,24 @@ def test_compare_never_matches_graph_rows_timed_by_the_two_graph_methods(tmp_pat
     assert "graph" in {c.get("view") for c in found} and not notes
 
 
+def test_compare_against_the_floor_forgives_a_host_that_slowed_everything_alike(tmp_path):
+    """B ran on a host 40% slower at launching: every row and its floor moved together. Raw medians call every
+    row SLOWER; as multiples of their own floor in their own run they are the SAME."""
+    a_rows = synthetic_results.make_rows(seed=1, run_id="a", views=("wall",))
+    b_rows = [{**row, "median_us": row["median_us"] * 1.4, "samples_us": [x * 1.4 for x in row["samples_us"]],
+               "launch_floor_us": row["launch_floor_us"] * 1.4 if row["launch_floor_us"] else None, "run_id": "b"}
+              for row in synthetic_results.make_rows(seed=2, run_id="b", views=("wall",))]
+    a = synthetic_results.write(tmp_path / "a.parquet", a_rows)
+    b = synthetic_results.write(tmp_path / "b.parquet", b_rows)
+    raw, _ = compare.compare([a], [b], n_boot=200)
+    assert raw and all(c.verdict == "SLOWER" for c in raw)
+    floored, _ = compare.compare([a], [b], n_boot=200, against_floor=True)
+    assert len(floored) == len(raw) and all(c.verdict == "SAME" for c in floored)
+    assert all(abs(c.a_us - c.b_us) < 0.1 * c.a_us for c in floored)  # ×floor, not µs
+    table = compare.compare_table(floored, [], "a", "b", 0.05, against_floor=True)
+    assert "A ×fl" in table.columns and "own launch floor" in table.title
+
+
 def test_compare_does_not_flag_a_2_percent_change(tmp_path):
     found = _compare_pair(tmp_path, 1.02)
     assert all(c.verdict in ("SAME", "NOISY") for c in found)

@@ -43,10 +43,12 @@ class Comparison:
         return self.key[MATCH_KEYS.index(name)]
 
 
-def load_samples(paths: list[str | Path], wheres: list[Where]) -> tuple[dict[tuple, np.ndarray], set[tuple], set[tuple]]:
+def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bool = False,
+                 ) -> tuple[dict[tuple, np.ndarray], set[tuple], set[tuple]]:
     """Pooled samples of every timed (config, impl, view) (the stored median stands in where none were kept),
     the keys any of whose rows the sweep flagged noisy, and the graph keys timed before schema v3 (no
-    calls_per_sample: one replay, launch latency included)."""
+    calls_per_sample: one replay, launch latency included). against_floor: each row's samples divided by
+    the median of its own launch path's floor in the same run (rows without a floor are left out)."""
     pl = require_polars()
     frame = apply_where(scan(paths), wheres)
     names = frame.collect_schema().names()
@@ -55,13 +57,16 @@ def load_samples(paths: list[str | Path], wheres: list[Where]) -> tuple[dict[tup
     if "calls_per_sample" not in names:  # results from before schema v3
         frame = frame.with_columns(pl.lit(None, dtype=pl.Int32).alias("calls_per_sample"))
     frame = frame.filter((pl.col("status") == "ok") & (pl.col("impl") != "launch_floor") & pl.col("median_us").is_not_null())
-    table = frame.select(*MATCH_KEYS, "samples_us", "median_us", "noisy", "calls_per_sample").collect()
+    if against_floor:
+        frame = frame.filter(pl.col("launch_floor_us") > 0)
+    table = frame.select(*MATCH_KEYS, "samples_us", "median_us", "noisy", "calls_per_sample", "launch_floor_us").collect()
     pooled: dict[tuple, list[np.ndarray]] = {}
     noisy: set[tuple] = set()
     old_graph: set[tuple] = set()
     for row in table.iter_rows(named=True):
         key = tuple(row[name] for name in MATCH_KEYS)
-        pooled.setdefault(key, []).append(np.asarray(row["samples_us"] or [row["median_us"]], dtype=float))
+        samples = np.asarray(row["samples_us"] or [row["median_us"]], dtype=float)
+        pooled.setdefault(key, []).append(samples / row["launch_floor_us"] if against_floor else samples)
         if row["noisy"]:
             noisy.add(key)
         if row["view"] == "graph" and row["calls_per_sample"] is None:
@@ -100,21 +105,23 @@ def judge(ratio: float, low: float, high: float, threshold: float, noisy: bool =
 
 
 def compare_runs(results: list[str | Path], wheres: list[Where] | None = None, *, threshold: float = 0.05,
-                 seed: int = 0) -> tuple[list[Comparison], list[str]]:
+                 seed: int = 0, against_floor: bool = False) -> tuple[list[Comparison], list[str]]:
     """`report --compare A B`: exactly two results (files or folders), validated here."""
     if len(results) != 2:
         raise SdbenchError(f"--compare takes exactly two results (A B), got {len(results)}")
     if not 0 <= threshold < 1:
         raise SdbenchError(f"--threshold must be in [0, 1), got {threshold}")
-    return compare([results[0]], [results[1]], wheres, threshold=threshold, seed=seed)
+    return compare([results[0]], [results[1]], wheres, threshold=threshold, seed=seed, against_floor=against_floor)
 
 
 def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[Where] | None = None, *,
             threshold: float = 0.05, n_boot: int = 1000, confidence: float = 0.95,
-            seed: int = 0) -> tuple[list[Comparison], list[str]]:
-    """(one Comparison per config measured in both, notes on what did not match)."""
-    a, a_noisy, a_old_graph = load_samples(a_paths, wheres or [])
-    b, b_noisy, b_old_graph = load_samples(b_paths, wheres or [])
+            seed: int = 0, against_floor: bool = False) -> tuple[list[Comparison], list[str]]:
+    """(one Comparison per config measured in both, notes on what did not match). against_floor compares
+    each row as a multiple of its own launch floor in its own run: what repeats on a host whose launch
+    cost drifts between sessions (a_us / b_us are then ×floor, not µs)."""
+    a, a_noisy, a_old_graph = load_samples(a_paths, wheres or [], against_floor)
+    b, b_noisy, b_old_graph = load_samples(b_paths, wheres or [], against_floor)
     # Graph rows written before schema v3 timed one replay with the graph's launch latency in it; later ones
     # time the operation inside the graph. The two never match: a 10x "FASTER" would be the method's.
     mixed_graph = {key for key in set(a) & set(b) if (key in a_old_graph) != (key in b_old_graph)}
@@ -141,7 +148,7 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
 
 
 def compare_table(results: list[Comparison], notes: list[str], a_label: str, b_label: str,
-                  threshold: float, confidence: float = 0.95) -> ReportTable:
+                  threshold: float, confidence: float = 0.95, against_floor: bool = False) -> ReportTable:
     order = {verdict: index for index, verdict in enumerate(VERDICTS)}
     ranked = sorted(results, key=lambda r: (order[r.verdict], -abs(np.log(r.ratio))))
     counts = {verdict: sum(r.verdict == verdict for r in results) for verdict in order}
@@ -149,13 +156,17 @@ def compare_table(results: list[Comparison], notes: list[str], a_label: str, b_l
         f"B / A per config: A = {a_label}, B = {b_label} ({counts['SLOWER']} SLOWER, {counts['FASTER']} FASTER, "
         f"{counts['NOISY']} NOISY, {counts['SAME']} SAME of {len(results)}; FASTER/SLOWER when the "
         f"{confidence:.0%} bootstrap interval excludes 1 and |B/A − 1| > {threshold:.0%})",
-        ["op", "config", "impl", "view", "A µs", "B µs", "B / A", f"{confidence:.0%} interval", "verdict"],
+        ["op", "config", "impl", "view", *(("A ×fl", "B ×fl") if against_floor else ("A µs", "B µs")), "B / A",
+         f"{confidence:.0%} interval", "verdict"],
     )
+    if against_floor:
+        table.title += "; each row as a multiple of its own launch floor in its own run"
     for r in ranked:
         config = f"b={r.get('batch_size')} γ={r.get('gamma')} α={r.get('alpha'):g}" + (
             f" kv={r.get('kv_dim')}" if r.get("kv_dim") else "")
         verdict = f"{r.verdict} ({r.why})" if r.verdict in ("SAME", "NOISY") else r.verdict
-        table.rows.append([r.get("op"), config, r.get("impl"), r.get("view"), format_us(r.a_us), format_us(r.b_us),
+        a_value, b_value = (f"{r.a_us:.3f}", f"{r.b_us:.3f}") if against_floor else (format_us(r.a_us), format_us(r.b_us))
+        table.rows.append([r.get("op"), config, r.get("impl"), r.get("view"), a_value, b_value,
                            f"{r.ratio:.3f}", f"{r.low:.3f}–{r.high:.3f}", verdict])
     table.notes.extend(notes)
     return table
