@@ -7,5 +7,6 @@ Outputs: verify_ragged's (accepted_lengths, has_mismatch, next_tokens) and pack'
                                       rows past Σ k_i are unspecified
     packed_offsets       [B] int64    exclusive prefix sum of k_i
 The workload is verify_ragged's with kv_dim > 0 (sdbench/ops/verify_ragged/workload.py).
-Bad offsets never read or write out of bounds: kernels clamp every request's range to [0, T].
+Bad offsets never read or write out of bounds: kernels clamp every request's range to [0, T] and write no
+packed row past the buffer (overlapping ranges can make Σ k_i exceed T; the outputs are then unspecified).
 """

@@ -25,9 +25,11 @@ if triton is not None:
 
     @triton.jit
     def _ragged_pack_kernel(kv_ptr, packed_ptr, cu_ptr, accepted_ptr, inclusive_ptr, offsets_ptr, total, kv_dim,
-                            KV_BLOCK: tl.constexpr):
+                            capacity, KV_BLOCK: tl.constexpr):
         """Grid (B, γ_max): program (i, r) copies row r of request i's draft KV to packed row
-        offset_i + r when r < k_i (k_i clamped to the request's range); program (i, 0) writes offset_i."""
+        offset_i + r when r < k_i (k_i clamped to the request's range); program (i, 0) writes offset_i.
+        Bad offsets (decreasing cu) can make requests' ranges overlap, so Σ k_i can pass the buffer's
+        `capacity` rows: such rows are not written (the outputs are then unspecified, never out of bounds)."""
         request = tl.program_id(0).to(tl.int64)
         row = tl.program_id(1).to(tl.int64)
         start, end = _request_range(cu_ptr, request, total)
@@ -36,7 +38,7 @@ if triton is not None:
         offset = tl.load(inclusive_ptr + request) - tl.load(accepted_ptr + request)
         if row == 0:
             tl.store(offsets_ptr + request, offset)
-        if row < accepted:
+        if (row < accepted) & (offset + row < capacity):
             source = kv_ptr + (start + row) * kv_dim
             target = packed_ptr + (offset + row) * kv_dim
             for column in range(0, kv_dim, KV_BLOCK):
@@ -57,7 +59,7 @@ def _prepare_two_step(w: RaggedVerifyWorkload) -> BufferedRun:
     verify_args = (w.draft_tokens, w.target_tokens, w.cu_num_draft_tokens, out["accepted_lengths"],
                    out["has_mismatch"].view(torch.uint8), out["next_tokens"], total)
     pack_args = (w.draft_kv, out["packed_kv"], w.cu_num_draft_tokens, out["accepted_lengths"], inclusive,
-                 out["packed_offsets"], total, kv_dim)
+                 out["packed_offsets"], total, kv_dim, out["packed_kv"].shape[0])
 
     def run() -> None:
         _ragged_block_kernel[(batch,)](*verify_args, BLOCK=width, num_warps=1)

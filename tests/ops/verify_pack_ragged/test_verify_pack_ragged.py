@@ -87,6 +87,26 @@ CHILD = textwrap.dedent("""
         report["checked"] += 1
         if failure:
             report["failures"].append(f"{cfg} {lengths}: {failure}")
+    # bad offsets: decreasing cu makes two requests' clamped ranges overlap, so Σ k_i (16) passes the 10-row
+    # buffer; rows past it must not be written (a guard band after the buffer stays untouched)
+    from sdbench.ops.verify_pack_ragged import triton_impls
+    from sdbench.ops.verify_ragged.workload import RaggedVerifyWorkload
+    kv = torch.arange(40, dtype=torch.float16).view(10, 4) + 1
+    bad = RaggedVerifyWorkload(VerifyConfig(3, 8, 1.0, kv_dim=4), torch.zeros(10, dtype=torch.int64),
+                               torch.zeros(13, dtype=torch.int64), torch.tensor([8, 2, 10]), torch.tensor([8, 0, 8]),
+                               torch.tensor([8, 0, 8]), draft_kv=kv)
+    band = torch.full((64, 4), -7.0, dtype=torch.float16)
+    real_empty = torch.empty
+    def empty_in_band(shape, **kw):
+        return band[:shape[0]] if isinstance(shape, tuple) and shape[1:] == (4,) else real_empty(shape, **kw)
+    triton_impls.torch.empty = empty_in_band
+    try:
+        bad_run = triton_impls._prepare_two_step(bad)
+    finally:
+        triton_impls.torch.empty = real_empty
+    bad_out = bad_run()
+    report["bad_offsets"] = {"accepted": bad_out["accepted_lengths"].tolist(),
+                             "written_past": int((band[10:] != -7).any(dim=1).sum())}
     print(json.dumps(report))
 """)
 
@@ -100,6 +120,7 @@ def test_triton_pipeline_matches_the_reference_under_the_interpreter():
     if report["probe"]:
         pytest.skip(f"Triton cannot run here: {report['probe']}")
     assert report["checked"] == 5 and report["failures"] == []
+    assert report["bad_offsets"] == {"accepted": [8, 0, 8], "written_past": 0}
 
 
 def test_sweep_times_the_op_with_its_kv_and_draft_lengths(tmp_path):
