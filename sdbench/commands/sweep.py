@@ -407,10 +407,12 @@ def measure_config(
                 if row["status"] == "ok" and impl.name in notes:
                     row["reason"] = notes[impl.name]
     rows = [row for impl in impls for row in rows_of[impl.name]]
-    for row in rows:
+    for row in rows:  # the floor its launch_floor_us comes from: its own path's in that view, else the custom op's
         path = path_of.get(row["impl"], "custom_op")
-        own_floor = timings.get(timing.LAUNCH_FLOOR if path == "custom_op" else f"{timing.LAUNCH_FLOOR}:{path}")
-        _flag_floor_drift(row, (own_floor or timings.get(timing.LAUNCH_FLOOR) or {}).get(row["view"]))
+        own = (timings.get(f"{timing.LAUNCH_FLOOR}:{path}") or {}).get(row["view"])
+        if own is None or own.status != "ok":
+            own = (timings.get(timing.LAUNCH_FLOOR) or {}).get(row["view"])
+        _flag_floor_drift(row, own)
     rows.extend(_floor_rows(base, floor, views, timings.get(timing.LAUNCH_FLOOR), options.max_noise))
     gpu_iters = min(options.iters, options.gpu_iters)
     for row in rows:

@@ -120,23 +120,29 @@ MAX_FLOOR_DRIFT = 0.05  # the wall view's run-to-run bar: a row whose ratio to i
 
 
 def floor_drift(samples_us: Sequence[float], floor_us: Sequence[float]) -> float | None:
-    """How much a row's ratio to its floor moved while it was sampled: the spread (max - min) of the ratio's
-    median over DRIFT_QUARTERS consecutive stretches of the run, relative to its overall median.
+    """How much a row's ratio to its floor moved while it was sampled, beyond sampling error: the spread
+    (max - min) of the ratio's median over DRIFT_QUARTERS consecutive stretches of the run, relative to its
+    overall median, less twice the 95% half-width of the least certain stretch median (0 when the spread is
+    within what sampling alone gives).
 
     Sample i of a row and of its floor come from the same round of the rotation, so a machine that slows
     both alike leaves the ratio flat; a state that reaches one launch path and not the other (the host's
     caches, the Python launcher against the dispatcher) moves it, and then the row will not repeat against
     its floor in another run either. None with fewer than two samples per stretch."""
     count = min(len(samples_us), len(floor_us))
-    if count < 2 * DRIFT_QUARTERS:
-        return None
     ratios = [row / floor for row, floor in zip(samples_us[:count], floor_us[:count], strict=True) if floor > 0]
     if len(ratios) < 2 * DRIFT_QUARTERS:
         return None
     stretch = len(ratios) // DRIFT_QUARTERS
-    medians = [percentile(ratios[i * stretch:(i + 1) * stretch], 50.0) for i in range(DRIFT_QUARTERS)]
+    quarters = [ratios[i * stretch:(i + 1) * stretch] for i in range(DRIFT_QUARTERS)]
+    medians = [percentile(quarter, 50.0) for quarter in quarters]
     overall = percentile(ratios, 50.0)
-    return (max(medians) - min(medians)) / overall if overall > 0 else None
+    if not overall > 0:
+        return None
+    # median_noise is a relative standard error: 1.96 of it is a 95% half-width, and two medians differ by
+    # up to two half-widths by chance
+    allowance = 2.0 * 1.96 * max((median_noise(quarter) or 0.0) * abs(percentile(quarter, 50.0)) for quarter in quarters)
+    return max(0.0, (max(medians) - min(medians) - allowance) / overall)
 
 
 def is_noisy(samples_us: Sequence[float], max_noise: float) -> bool:

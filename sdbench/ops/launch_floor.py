@@ -125,6 +125,10 @@ def rows_below_own_floor(rows: list[dict], tolerance: float = 0.0) -> list[dict]
     return below
 
 
+# The columns that say which launch_floor row of a run a row is read against (with run_id and view).
+FLOOR_KEY_COLUMNS = ("op", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist", "token_dtype", "kv_dtype",
+                     "seed", "cold_l2")
+
+
 def _config_of(row: dict) -> tuple:
-    return tuple(row.get(name) for name in ("op", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist",
-                                            "token_dtype", "kv_dtype", "seed", "cold_l2"))
+    return tuple(row.get(name) for name in FLOOR_KEY_COLUMNS)

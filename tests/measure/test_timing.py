@@ -239,3 +239,15 @@ def test_floor_drift_pairs_samples_by_round_and_needs_enough_of_them():
     assert timing.floor_drift([1.0] * 7, [1.0] * 7) is None  # fewer than two per quarter
     # unequal lengths (a callable that left the rotation): only the common rounds are paired
     assert timing.floor_drift([2.0] * 8 + [99.0] * 8, [1.0] * 8) == pytest.approx(0.0)
+
+
+def test_floor_drift_forgives_sampling_noise_but_not_a_real_shift():
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    floor = (20.0 * rng.lognormal(0.0, 0.10, 400)).tolist()
+    steady = (30.0 * rng.lognormal(0.0, 0.10, 400)).tolist()  # 10% per-sample spread, no drift at all
+    flagged = [timing.floor_drift(steady[i:i + 200], floor[i:i + 200]) > timing.MAX_FLOOR_DRIFT for i in range(0, 200, 20)]
+    assert not any(flagged)
+    shifted = steady[:300] + [x * 1.25 for x in steady[300:]]  # the row's path 25% slower in the last quarter
+    assert timing.floor_drift(shifted, floor) > timing.MAX_FLOOR_DRIFT

@@ -302,25 +302,24 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
 
 
 def _below_floor_note(frame) -> str | None:
-    """Rows faster than the empty launch of their own path, beyond their noise: a floor that is not one."""
-    from sdbench.ops.launch_floor import FLOOR_TOLERANCE
+    """Rows faster than the empty launch of their own path, beyond their noise: a floor that is not one.
+    The rule is sdbench.ops.launch_floor.rows_below_own_floor's, applied to the rows without their samples."""
+    from sdbench.ops.launch_floor import FLOOR_KEY_COLUMNS, FLOOR_TOLERANCE, rows_below_own_floor
 
     pl = require_polars()
     names = frame.collect_schema().names()
-    frame = frame.with_columns(pl.lit(None).alias(name) for name in ("noise", "launch_path") if name not in names)
-    tolerance = pl.col("view").replace_strict(FLOOR_TOLERANCE, default=0.0, return_dtype=pl.Float64)
-    below = frame.filter(
-        (pl.col("status") == "ok") & ~pl.col("impl").str.starts_with("launch_floor")
-        & pl.col("launch_floor_us").is_not_null() & pl.col("median_us").is_not_null()
-        & (pl.col("median_us") < pl.col("launch_floor_us") * (1.0 - pl.col("noise").fill_null(0.0) - tolerance))
-    ).select("impl", "view", "launch_path").unique().collect()
-    if below.height == 0:
+    needed = ("run_id", *FLOOR_KEY_COLUMNS, "impl", "view", "status", "median_us", "launch_floor_us", "noise",
+              "launch_path")
+    frame = frame.with_columns(pl.lit(None).alias(name) for name in needed if name not in names)
+    below = rows_below_own_floor(frame.select(needed).collect().to_dicts())
+    if not below:
         return None
-    names = ", ".join(sorted({f"{row['impl']} ({row['view']})" for row in below.iter_rows(named=True)}))
-    legacy = below.filter(pl.col("launch_path").is_null()).height
+    listed = ", ".join(sorted({f"{row['impl']} ({row['view']})" for row in below}))
+    legacy = any(row["launch_path"] is None for row in below)
     why = (" (rows written before launch_path existed share the custom-op floor, whatever their own launch path)"
            if legacy else "")
-    return f"below their own launch floor by more than their noise (and 5% in the wall view): {names}{why}"
+    allowed = "".join(f" (and {share:.0%} in the {view} view)" for view, share in FLOOR_TOLERANCE.items())
+    return f"below their own launch floor by more than their and the floor's noise{allowed}: {listed}{why}"
 
 
 def run_ids(frame) -> list[str]:
