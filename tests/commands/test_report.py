@@ -249,6 +249,22 @@ def test_compare_against_the_floor_forgives_a_host_that_slowed_everything_alike(
     assert "A ×fl" in table.columns and "own launch floor" in table.title
 
 
+def test_compare_against_the_floor_needs_the_same_launch_path_on_both_sides(tmp_path):
+    """A row A read against the custom-op floor (written before launch_path existed) and B against its own
+    Triton floor is left out of --against-floor (the ratios would differ by the floors, not the code), and
+    kept in a raw compare."""
+    rows = synthetic_results.make_rows(seed=1, run_id="a", views=("wall",))
+    b_rows = [{**row, "run_id": "b", "launch_path": ("triton" if row["impl"] == "naive" else "custom_op")
+               if row["impl"] != "launch_floor" else None} for row in rows]
+    a = synthetic_results.write(tmp_path / "a.parquet", rows)
+    b = synthetic_results.write(tmp_path / "b.parquet", b_rows)
+    floored, notes = compare.compare([a], [b], n_boot=100, against_floor=True)
+    assert floored and "naive" not in {c.get("impl") for c in floored}
+    assert any("different launch paths" in note for note in notes), notes
+    raw, notes = compare.compare([a], [b], n_boot=100)
+    assert "naive" in {c.get("impl") for c in raw} and not notes
+
+
 def test_compare_does_not_flag_a_2_percent_change(tmp_path):
     found = _compare_pair(tmp_path, 1.02)
     assert all(c.verdict in ("SAME", "NOISY") for c in found)

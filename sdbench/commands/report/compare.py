@@ -43,35 +43,44 @@ class Comparison:
         return self.key[MATCH_KEYS.index(name)]
 
 
-def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bool = False,
-                 ) -> tuple[dict[tuple, np.ndarray], set[tuple], set[tuple]]:
-    """Pooled samples of every timed (config, impl, view) (the stored median stands in where none were kept),
-    the keys any of whose rows the sweep flagged noisy, and the graph keys timed before schema v3 (no
-    calls_per_sample: one replay, launch latency included). against_floor: each row's samples divided by
-    the median of its own launch path's floor in the same run (rows without a floor are left out)."""
+@dataclass
+class Samples:
+    """One side of a comparison: pooled samples per (config, impl, view) and what else a match must agree on."""
+
+    pooled: dict[tuple, np.ndarray]
+    noisy: set[tuple]  # keys any of whose rows the sweep flagged noisy
+    graph_methods: dict[tuple, set[bool]]  # graph keys: True where timed inside the graph (schema v3), False before
+    paths: dict[tuple, set]  # each key's launch paths (null before launch_path existed: the custom-op floor)
+
+
+def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bool = False) -> Samples:
+    """Pooled samples of every timed (config, impl, view) (the stored median stands in where none were kept).
+    against_floor: each row's samples divided by the median of its own launch path's floor in the same run
+    (rows without a floor are left out)."""
     pl = require_polars()
     frame = apply_where(scan(paths), wheres)
     names = frame.collect_schema().names()
-    if "noisy" not in names:  # results from before noise was recorded
-        frame = frame.with_columns(pl.lit(None, dtype=pl.Boolean).alias("noisy"))
-    if "calls_per_sample" not in names:  # results from before schema v3
-        frame = frame.with_columns(pl.lit(None, dtype=pl.Int32).alias("calls_per_sample"))
+    for name, dtype in (("noisy", pl.Boolean), ("calls_per_sample", pl.Int32), ("launch_path", pl.String)):
+        if name not in names:  # results from before the column existed
+            frame = frame.with_columns(pl.lit(None, dtype=dtype).alias(name))
     frame = frame.filter((pl.col("status") == "ok") & (pl.col("impl") != "launch_floor") & pl.col("median_us").is_not_null())
     if against_floor:
         frame = frame.filter(pl.col("launch_floor_us") > 0)
-    table = frame.select(*MATCH_KEYS, "samples_us", "median_us", "noisy", "calls_per_sample", "launch_floor_us").collect()
+    table = frame.select(*MATCH_KEYS, "samples_us", "median_us", "noisy", "calls_per_sample", "launch_floor_us",
+                         "launch_path").collect()
     pooled: dict[tuple, list[np.ndarray]] = {}
-    noisy: set[tuple] = set()
-    old_graph: set[tuple] = set()
+    side = Samples({}, set(), {}, {})
     for row in table.iter_rows(named=True):
         key = tuple(row[name] for name in MATCH_KEYS)
         samples = np.asarray(row["samples_us"] or [row["median_us"]], dtype=float)
         pooled.setdefault(key, []).append(samples / row["launch_floor_us"] if against_floor else samples)
         if row["noisy"]:
-            noisy.add(key)
-        if row["view"] == "graph" and row["calls_per_sample"] is None:
-            old_graph.add(key)
-    return {key: np.concatenate(parts) for key, parts in pooled.items()}, noisy, old_graph
+            side.noisy.add(key)
+        if row["view"] == "graph":
+            side.graph_methods.setdefault(key, set()).add(row["calls_per_sample"] is not None)
+        side.paths.setdefault(key, set()).add(row["launch_path"] or "custom_op")
+    side.pooled = {key: np.concatenate(parts) for key, parts in pooled.items()}
+    return side
 
 
 def bootstrap_ratio(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_boot: int,
@@ -120,12 +129,18 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
     """(one Comparison per config measured in both, notes on what did not match). against_floor compares
     each row as a multiple of its own launch floor in its own run: what repeats on a host whose launch
     cost drifts between sessions (a_us / b_us are then ×floor, not µs)."""
-    a, a_noisy, a_old_graph = load_samples(a_paths, wheres or [], against_floor)
-    b, b_noisy, b_old_graph = load_samples(b_paths, wheres or [], against_floor)
+    a_side = load_samples(a_paths, wheres or [], against_floor)
+    b_side = load_samples(b_paths, wheres or [], against_floor)
+    a, b = a_side.pooled, b_side.pooled
+    both = set(a) & set(b)
     # Graph rows written before schema v3 timed one replay with the graph's launch latency in it; later ones
     # time the operation inside the graph. The two never match: a 10x "FASTER" would be the method's.
-    mixed_graph = {key for key in set(a) & set(b) if (key in a_old_graph) != (key in b_old_graph)}
-    shared = sorted(set(a) & set(b) - mixed_graph, key=lambda key: tuple(str(value) for value in key))
+    mixed_graph = {key for key in both if len(a_side.graph_methods.get(key, set()) | b_side.graph_methods.get(key, set())) > 1}
+    # Against the floor, both sides must divide by the same launch path's floor.
+    mixed_path = {key for key in both - mixed_graph
+                  if against_floor and len(a_side.paths.get(key, set()) | b_side.paths.get(key, set())) > 1}
+    left_out = mixed_graph | mixed_path
+    shared = sorted(both - left_out, key=lambda key: tuple(str(value) for value in key))
     if not shared:
         raise SdbenchError("A and B share no timed (config, impl, view): nothing to compare "
                            "(check that both ran the same preset, or narrow both with --where)")
@@ -134,16 +149,18 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
     for key in shared:
         a_us, b_us = float(np.median(a[key])), float(np.median(b[key]))
         low, high = bootstrap_ratio(a[key], b[key], rng, n_boot, confidence)
-        verdict, why = judge(b_us / a_us, low, high, threshold, key in a_noisy or key in b_noisy)
+        verdict, why = judge(b_us / a_us, low, high, threshold, key in a_side.noisy or key in b_side.noisy)
         results.append(Comparison(key, a_us, b_us, low, high, verdict, why))
     notes = []
     if mixed_graph:
-        notes.append(f"{len(mixed_graph)} graph rows left out: one side was timed before results schema v3 (one "
-                     "replay, launch latency included), the other inside the graph (calls_per_sample)")
-    if len(a) > len(shared) + len(mixed_graph):
-        notes.append(f"{len(a) - len(shared) - len(mixed_graph)} (config, impl, view) only in A")
-    if len(b) > len(shared) + len(mixed_graph):
-        notes.append(f"{len(b) - len(shared) - len(mixed_graph)} (config, impl, view) only in B")
+        notes.append(f"{len(mixed_graph)} graph rows left out: timed before results schema v3 (one replay, launch "
+                     "latency included) on one side or in one pooled run, inside the graph (calls_per_sample) in another")
+    if mixed_path:
+        notes.append(f"{len(mixed_path)} rows left out: A and B read them against different launch paths' floors")
+    if len(a) > len(shared) + len(left_out):
+        notes.append(f"{len(a) - len(shared) - len(left_out)} (config, impl, view) only in A")
+    if len(b) > len(shared) + len(left_out):
+        notes.append(f"{len(b) - len(shared) - len(left_out)} (config, impl, view) only in B")
     return results, notes
 
 
