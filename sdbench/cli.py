@@ -349,6 +349,7 @@ def sweep_command(
     prob_dtype: Annotated[str | None, typer.Option(help="prob_verify probability dtypes: float32, bfloat16 (default: float32).")] = None,
     max_noise: Annotated[float | None, typer.Option(help="wall/graph: keep sampling while the median's relative standard error is above this (default 0.01).")] = None,
     max_time: Annotated[float | None, typer.Option(help="...for at most this many seconds per view and config (default 0.5; 0: exactly --iters samples).")] = None,
+    min_time: Annotated[float | None, typer.Option(help="wall/graph: sample at least this many seconds per view and config, noisy or not (default 0; at most --max-time).")] = None,
     fmt: FormatOption = "table",
 ) -> None:
     """Time every implementation over a grid (parity first) and write parquet rows per config and view.
@@ -377,6 +378,7 @@ def sweep_command(
         shard_count=shard_count, resume=resume or None, seed=seed, run_id=run_id,
         token_dtypes=parse_name_list(token_dtype) or None, kv_dtypes=parse_name_list(kv_dtype) or None,
         prob_dtypes=parse_name_list(prob_dtype) or None, max_noise=max_noise, max_time=max_time,
+        min_time=min_time,
     )
     sweep.validate(spec)  # bad input fails here, before the progress bar draws
     sweep.check_op_available(spec.op)

@@ -84,6 +84,7 @@ class SweepSpec:
     gpu_iters: int = 50  # iterations profiled for the gpu view
     max_noise: float = 0.01  # wall / graph: sample past iters until the median's relative SE is under this...
     max_time: float = 0.5  # ...or this many seconds per view and config were spent (0: exactly iters samples)
+    min_time: float = 0.0  # sample at least this many seconds per view and config, noisy or not (<= max_time)
     cold_l2: bool = False
     shard_index: int = 0
     shard_count: int = 1
@@ -164,6 +165,8 @@ def validate(spec: SweepSpec) -> None:
         raise SdbenchError(f"--max-noise must be in (0, 1), e.g. 0.01 for 1%, got {spec.max_noise}")
     if spec.max_time < 0:
         raise SdbenchError(f"--max-time must be >= 0 seconds, got {spec.max_time}")
+    if not 0 <= spec.min_time <= spec.max_time:
+        raise SdbenchError(f"--min-time must be in [0, --max-time={spec.max_time:g}] seconds, got {spec.min_time:g}")
     if spec.gpu_iters < 1:
         raise SdbenchError(f"gpu_iters must be >= 1, got {spec.gpu_iters}")
     if not 0 <= spec.shard_index < spec.shard_count:
@@ -212,7 +215,9 @@ def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.Timi
         "token_dtype": cfg.token_dtype, "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype,
         "seed": cfg.seed, "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,
         "settings": (f"warmup={options.warmup} iters={options.iters} gpu_iters={options.gpu_iters} "
-                     f"max_noise={options.max_noise:g} max_time={options.max_time_s:g}"),
+                     f"max_noise={options.max_noise:g} max_time={options.max_time_s:g}"
+                     # only when set: results written before --min-time keep their config key
+                     + (f" min_time={options.min_time_s:g}" if options.min_time_s else "")),
     }
 
 
@@ -306,7 +311,8 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
     configs = grid(spec)
     mine = shard(configs, spec.shard_index, spec.shard_count)
     options = timing.TimingOptions(warmup=spec.warmup, iters=spec.iters, gpu_iters=spec.gpu_iters, cold_l2=spec.cold_l2,
-                                   max_noise=spec.max_noise, max_time_s=spec.max_time)
+                                   max_noise=spec.max_noise, max_time_s=spec.max_time,
+                                   min_time_s=spec.min_time)
     done = results.done_configs(spec.out_dir) if spec.resume else set()
     machine = {"gpu_name": envinfo.collect(device).get("gpu_name")}
     todo = [cfg for cfg in mine

@@ -180,6 +180,7 @@ class TimingOptions:
     # `iters` while a callable's median noise exceeds max_noise and less than max_time_s was spent on the view.
     max_noise: float = 0.01
     max_time_s: float = 0.0  # 0: a fixed sample count (iters), no extra batches
+    min_time_s: float = 0.0  # keep taking batches, noisy or not, until this long was spent on the view (<= max_time_s)
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
@@ -192,6 +193,8 @@ class TimingOptions:
             raise ValueError(f"max_noise must be > 0, got {self.max_noise}")
         if self.max_time_s < 0:
             raise ValueError(f"max_time_s must be >= 0, got {self.max_time_s}")
+        if not 0 <= self.min_time_s <= self.max_time_s:
+            raise ValueError(f"min_time_s must be in [0, max_time_s={self.max_time_s}], got {self.min_time_s}")
 
 
 def views_for(device: str | torch.device, options: TimingOptions | None = None) -> tuple[str, ...]:
@@ -302,7 +305,7 @@ def _event_loop(runs: Mapping[str, Callable[[], object]], device, options, flush
     queued before the start event fires, and the pair times device execution alone.
 
     The first batch has `warmup` untimed rounds and `iters` timed ones; further batches of `iters` run, all
-    callables in rotation, while any is above max_noise, until max_time_s has been spent in this view.
+    callables in rotation, as _another_batch decides (noise, min_time_s, max_time_s).
     """
     started = time.perf_counter()
     active = [name for name in runs if results[name].status == "ok"]
@@ -334,12 +337,20 @@ def _event_loop(runs: Mapping[str, Callable[[], object]], device, options, flush
             calls = results[name].calls_per_sample
             results[name].samples_us += [start.elapsed_time(end) * 1000.0 / calls for start, end in events[name]]
         warmup = 0
-        if time.perf_counter() - started >= options.max_time_s:
+        spent = time.perf_counter() - started
+        if not _another_batch(spent, options, [results[name].samples_us for name in active]):
             break
-        # Another batch for every callable while any is noisy: a callable sampled alone later would see
-        # another machine state than the floor beside it (the wall view drifts 30-40% within a sweep).
-        if not any(is_noisy(results[name].samples_us, options.max_noise) for name in active):
-            break
+
+
+def _another_batch(spent_s: float, options: TimingOptions, samples: list[Sequence[float]]) -> bool:
+    """Whether a view takes another batch of `iters`, every callable in rotation: never once max_time_s is
+    spent; always until min_time_s is; between them while any callable is noisy (a callable sampled alone
+    later would see another machine state than the floor beside it: the wall view drifts within a sweep)."""
+    if spent_s >= options.max_time_s:
+        return False
+    if spent_s < options.min_time_s:
+        return True
+    return any(is_noisy(taken, options.max_noise) for taken in samples)
 
 
 def _measure_wall(callables, device, options, flush) -> dict[str, ViewResult]:

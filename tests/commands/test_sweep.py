@@ -432,3 +432,12 @@ def test_floor_drift_is_left_alone_without_a_measured_floor():
     sweep._flag_floor_drift(row, None)
     sweep._flag_floor_drift(row, sweep.timing.ViewResult(status="error", reason="raised"))
     assert "floor_drift" not in row and row["noisy"] is False
+
+
+def test_min_time_is_validated_and_recorded_only_when_set(tmp_path):
+    with pytest.raises(SdbenchError, match="--min-time must be in"):
+        sweep.validate(sweep.build_spec(device="cpu", out_dir=tmp_path, max_time=0.5, min_time=2.0))
+    plain = sweep.config_columns("verify", "cpu", VerifyConfig(4, 8, 0.5), sweep.timing.TimingOptions(max_time_s=0.5))
+    timed = sweep.config_columns("verify", "cpu", VerifyConfig(4, 8, 0.5),
+                                 sweep.timing.TimingOptions(max_time_s=0.5, min_time_s=0.2))
+    assert "min_time" not in plain["settings"] and timed["settings"].endswith(" min_time=0.2")

@@ -251,3 +251,22 @@ def test_floor_drift_forgives_sampling_noise_but_not_a_real_shift():
     assert not any(flagged)
     shifted = steady[:300] + [x * 1.25 for x in steady[300:]]  # the row's path 25% slower in the last quarter
     assert timing.floor_drift(shifted, floor) > timing.MAX_FLOOR_DRIFT
+
+
+@pytest.mark.parametrize(("spent", "min_time", "noisy", "again"), [
+    (0.1, 0.0, False, False),  # quiet: one batch is enough
+    (0.1, 0.0, True, True),  # noisy and time left: another batch
+    (0.1, 0.3, False, True),  # quiet but under --min-time: another batch
+    (0.6, 0.3, True, False),  # noisy but --max-time spent: stop
+    (0.4, 0.3, False, False),  # past --min-time and quiet: stop
+])
+def test_another_batch_follows_noise_within_min_and_max_time(spent, min_time, noisy, again):
+    options = timing.TimingOptions(max_time_s=0.5, min_time_s=min_time, max_noise=0.01)
+    quiet = [10.0] * 50
+    loud = [10.0 + (i % 10) for i in range(50)]  # a median standard error far above 1%
+    assert timing._another_batch(spent, options, [quiet, loud if noisy else quiet]) is again
+
+
+def test_min_time_must_fit_inside_max_time():
+    with pytest.raises(ValueError, match="min_time_s"):
+        timing.TimingOptions(max_time_s=0.5, min_time_s=1.0)
