@@ -399,10 +399,7 @@ def measure_config(
         timings = {name: {view: failed for view in views} for name in callables}
 
     workload_columns = _workload_columns(op, cfg, workload, timed_workload, runs)
-    path_medians = {path: {view: _median(timings.get(key), view) for view in views}
-                    for path, key in [("custom_op", timing.LAUNCH_FLOOR)] + [
-                        (name.split(":", 1)[1], name) for name in callables if name.startswith(f"{timing.LAUNCH_FLOOR}:")]}
-    floor_medians = path_medians["custom_op"]
+    floor_names = [name for name in callables if name.startswith(timing.LAUNCH_FLOOR)]
     for impl in impls:
         if impl.name in runs:
             rows_of[impl.name] = [
@@ -413,28 +410,32 @@ def measure_config(
                 if row["status"] == "ok" and impl.name in notes:
                     row["reason"] = notes[impl.name]
     rows = [row for impl in impls for row in rows_of[impl.name]]
-    for row in rows:  # the floor its launch_floor_us comes from: its own path's in that view, else the custom op's
-        path = path_of.get(row["impl"], "custom_op")
-        own = (timings.get(f"{timing.LAUNCH_FLOOR}:{path}") or {}).get(row["view"])
-        if own is None or own.status != "ok":
-            own = (timings.get(timing.LAUNCH_FLOOR) or {}).get(row["view"])
-        _flag_floor_drift(row, own)
     rows.extend(_floor_rows(base, floor, views, timings.get(timing.LAUNCH_FLOOR), options.max_noise))
     gpu_iters = min(options.iters, options.gpu_iters)
     for row in rows:
         view = row["view"]
-        path = path_of.get(row["impl"], "custom_op")
-        own = path_medians.get(path, {}).get(view)
-        measured = [medians[view] for medians in path_medians.values() if medians.get(view) is not None]
+        launch_path, own = _own_floor(timings, path_of.get(row["impl"], "custom_op"), view)
+        if row["impl"] != timing.LAUNCH_FLOOR:
+            _flag_floor_drift(row, own)
+        measured = [median for name in floor_names if (median := _median(timings.get(name), view)) is not None]
         row.update(
             mean_accepted_length=workload_columns["mean_accepted_length"],
             accepted_kv_bytes=workload_columns["accepted_kv_bytes"],
-            launch_floor_us=own if own is not None else floor_medians[view],
-            launch_path=path if own is not None else "custom_op",
+            launch_floor_us=own.stats.median_us if own is not None and own.stats is not None else None,
+            launch_path=launch_path,
             launch_floor_min_us=min(measured) if measured else None,
             iters=gpu_iters if view == "gpu" else options.iters,
         )
     return rows
+
+
+def _own_floor(timings: timing.Timings, path: str, view: str) -> tuple[str, timing.ViewResult | None]:
+    """(launch path, its floor's result) a row of that path is read against in view: the empty launch of its
+    own path where that was measured, else the custom op's (the one floor every config times)."""
+    own = (timings.get(f"{timing.LAUNCH_FLOOR}:{path}") or {}).get(view)
+    if own is not None and own.stats is not None:
+        return path, own
+    return "custom_op", (timings.get(timing.LAUNCH_FLOOR) or {}).get(view)
 
 
 _PATH_FLOORS: dict[tuple[str, str], LaunchFloor] = {}

@@ -441,3 +441,15 @@ def test_min_time_is_validated_and_recorded_only_when_set(tmp_path):
     timed = sweep.config_columns("verify", "cpu", VerifyConfig(4, 8, 0.5),
                                  sweep.timing.TimingOptions(max_time_s=0.5, min_time_s=0.2))
     assert "min_time" not in plain["settings"] and timed["settings"].endswith(" min_time=0.2")
+
+
+def test_a_row_is_read_against_its_own_paths_floor_else_the_custom_ops():
+    ok = sweep.timing.ViewResult(samples_us=[20.0] * 10)
+    triton = sweep.timing.ViewResult(samples_us=[40.0] * 10)
+    failed = sweep.timing.ViewResult(status="error", reason="capture failed")
+    timings = {"launch_floor": {"wall": ok, "graph": ok}, "launch_floor:triton": {"wall": triton, "graph": failed}}
+    assert sweep._own_floor(timings, "triton", "wall") == ("triton", triton)
+    assert sweep._own_floor(timings, "triton", "graph") == ("custom_op", ok)  # its own failed in that view
+    assert sweep._own_floor(timings, "triton_bound", "wall") == ("custom_op", ok)  # never measured
+    assert sweep._own_floor(timings, "custom_op", "wall") == ("custom_op", ok)
+    assert sweep._own_floor({}, "custom_op", "wall") == ("custom_op", None)
