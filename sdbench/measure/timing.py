@@ -141,7 +141,7 @@ def floor_drift(samples_us: Sequence[float], floor_us: Sequence[float]) -> float
         return None
     # median_noise is a relative standard error: 1.96 of it is a 95% half-width, and two medians differ by
     # up to two half-widths by chance
-    allowance = 2.0 * 1.96 * max((median_noise(quarter) or 0.0) * abs(percentile(quarter, 50.0)) for quarter in quarters)
+    allowance = 2.0 * 1.96 * max((median_noise(quarter) or 0.0) * median for quarter, median in zip(quarters, medians, strict=True))
     return max(0.0, (max(medians) - min(medians) - allowance) / overall)
 
 
@@ -389,19 +389,19 @@ def graph_copies(per_copy_us: float) -> int:
     return max(1, min(GRAPH_MAX_COPIES, round(GRAPH_TARGET_US / per_copy_us)))
 
 
+def _block_stream() -> None:
+    """The blocking kernel: a GPU spin that holds the stream while the host queues what follows it."""
+    torch.cuda._sleep(BLOCKING_CYCLES)
+
+
 def _probe_us(graph, device, copies: int) -> float:
-    """Per-copy time of a graph of `copies` copies: the median of a few replays behind a blocking kernel."""
-    pairs = _timing_events(GRAPH_PROBE_REPLAYS)
-    graph.replay()  # first replay uploads the graph
-    for start, end in pairs:
-        torch.cuda.synchronize(device)
-        torch.cuda._sleep(BLOCKING_CYCLES)
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize(device)
-    times = sorted(start.elapsed_time(end) * 1000.0 for start, end in pairs)
-    return times[len(times) // 2] / copies
+    """Per-copy time of a graph of `copies` copies: the median of a few replays timed as the view times them."""
+    probe = {"probe": ViewResult(calls_per_sample=copies)}
+    _event_loop({"probe": graph.replay}, device, TimingOptions(warmup=1, iters=GRAPH_PROBE_REPLAYS), None, probe,
+                block=_block_stream)
+    if probe["probe"].stats is None:
+        raise RuntimeError(f"the probe replay failed: {probe['probe'].reason}")
+    return probe["probe"].stats.median_us
 
 
 def _capture_amortised(run, device, cold_l2: bool):
@@ -436,7 +436,7 @@ def _measure_graph(callables, device, options, flush, not_capturable) -> dict[st
             except Exception:
                 pass
     replays = {name: graph.replay for name, graph in graphs.items()}
-    _event_loop(replays, device, options, flush, results, block=lambda: torch.cuda._sleep(BLOCKING_CYCLES))
+    _event_loop(replays, device, options, flush, results, block=_block_stream)
     for graph in graphs.values():
         graph.reset()
     return results
