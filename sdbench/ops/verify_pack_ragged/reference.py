@@ -6,16 +6,13 @@ from __future__ import annotations
 import torch
 
 from sdbench.ops.pack.reference import packed_offsets
-from sdbench.ops.verify_ragged.reference import verify_ragged
+from sdbench.ops.verify_ragged.reference import draft_positions, verify_ragged
 
 
 def verify_pack_ragged(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
                        draft_kv: torch.Tensor) -> dict[str, torch.Tensor]:
     """Verify every request, then keep row r of request i's draft KV where r < k_i, in request order."""
     verified = verify_ragged(draft_tokens, target_tokens, cu_num_draft_tokens)
-    cu = cu_num_draft_tokens.to(torch.int64)
-    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
-    request = torch.repeat_interleave(torch.arange(cu.shape[0], device=cu.device), cu - starts)
-    local = torch.arange(draft_kv.shape[0], device=cu.device) - starts[request]
+    _, _, request, local = draft_positions(cu_num_draft_tokens, draft_kv.shape[0])
     accepted = verified["accepted_lengths"]
     return {**verified, "packed_kv": draft_kv[local < accepted[request]], "packed_offsets": packed_offsets(accepted)}

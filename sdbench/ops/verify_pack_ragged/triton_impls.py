@@ -34,8 +34,8 @@ if triton is not None:
         row = tl.program_id(1).to(tl.int64)
         start, end = _request_range(cu_ptr, request, total)
         accepted = tl.load(accepted_ptr + request)
+        offset = tl.load(inclusive_ptr + request) - accepted
         accepted = tl.minimum(tl.maximum(accepted, 0), end - start)
-        offset = tl.load(inclusive_ptr + request) - tl.load(accepted_ptr + request)
         if row == 0:
             tl.store(offsets_ptr + request, offset)
         if (row < accepted) & (offset + row < capacity):

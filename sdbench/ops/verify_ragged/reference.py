@@ -5,16 +5,23 @@ from __future__ import annotations
 import torch
 
 
+def draft_positions(cu_num_draft_tokens: torch.Tensor, total: int):
+    """(starts [B], lengths [B], request [T], local [T]): each request's first draft and γ_i, and for each of
+    the T flattened drafts its request and its position inside that request."""
+    cu = cu_num_draft_tokens.to(torch.int64)
+    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
+    lengths = cu - starts
+    request = torch.repeat_interleave(torch.arange(cu.shape[0], device=cu.device), lengths)
+    local = torch.arange(total, device=cu.device) - starts[request]
+    return starts, lengths, request, local
+
+
 def verify_ragged(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,
                   cu_num_draft_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """k_i = first position where request i's draft and target disagree (γ_i when none), for every i."""
     batch = cu_num_draft_tokens.shape[0]
     device = draft_tokens.device
-    cu = cu_num_draft_tokens.to(torch.int64)
-    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
-    lengths = cu - starts
-    request = torch.repeat_interleave(torch.arange(batch, device=device), lengths)
-    local = torch.arange(draft_tokens.shape[0], device=device) - starts[request]
+    starts, lengths, request, local = draft_positions(cu_num_draft_tokens, draft_tokens.shape[0])
     mismatch = draft_tokens != target_tokens[torch.arange(draft_tokens.shape[0], device=device) + request]
     first = lengths.clone()
     first.scatter_reduce_(0, request[mismatch], local[mismatch], reduce="amin", include_self=True)
