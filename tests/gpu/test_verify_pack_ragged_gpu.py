@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from sdbench import parity, registry
+from sdbench.measure import timing
 from sdbench.ops.verify_pack_ragged.reference import verify_pack_ragged
 from sdbench.ops.verify_ragged.workload import make_ragged_workload
 from sdbench.ops.workload import VerifyConfig
@@ -60,14 +61,7 @@ def test_sync_free_and_graph_replay():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert parity.compare(parity.expected_outputs(OP, w), outputs) is None
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph, _ = timing.capture_graph(run)
     for source in (other, w, other):
         w.draft_tokens.copy_(source.draft_tokens)
         w.target_tokens.copy_(source.target_tokens)
