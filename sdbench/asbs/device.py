@@ -20,6 +20,7 @@ from sdbench.asbs.profiles import MAX_PHASES, Profile
 from sdbench.ops.backends import cuda_ops
 
 NEVER = 2**30  # a phase start no progress (<= 1000) reaches: pads profiles to MAX_PHASES
+MAX_BATCH = 2048  # csrc/asbs_loop.cu kMaxBatch: 32 warps x 32 lanes x 2 requests held in registers
 
 
 class DeviceLoop:
@@ -28,6 +29,8 @@ class DeviceLoop:
                  history_rounds: int = 1024, fixed_block: int | None = None, kv_dim: int = 0,
                  device: str | torch.device = "cuda") -> None:
         batch = len(profiles)
+        if not 1 <= batch <= MAX_BATCH:
+            raise ValueError(f"the device loop runs 1 to {MAX_BATCH} requests in one block, got {batch}")
         lens = [target_lens] * batch if isinstance(target_lens, int) else list(target_lens)
         kv = kv if kv is not None else KVCacheModel()
         self.policy, self.seed, self.page_size, self.capacity = policy, seed, kv.page_size, kv.capacity_pages

@@ -2,6 +2,7 @@
 the profiles, the KV accounting, and the runner."""
 
 import numpy as np
+import pytest
 
 from sdbench.asbs.kvcache import KVCacheModel, pages
 from sdbench.asbs.policy import AdaptiveBlockPolicy
@@ -125,3 +126,12 @@ def test_cli_asbs_prints_the_comparison(monkeypatch):
     result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["asbs", "--batch", "4", "--target-len", "32"])
     assert result.exit_code == 0, result.output
     assert "ASBS" in result.output and "fixed 8" in result.output
+
+
+def test_device_loop_refuses_a_batch_its_block_cannot_hold():
+    from sdbench.asbs.device import MAX_BATCH, DeviceLoop
+
+    with pytest.raises(ValueError, match=f"1 to {MAX_BATCH} requests"):
+        DeviceLoop(mixed_batch(MAX_BATCH + 1), 10, device="cpu")
+    with pytest.raises(ValueError, match=f"1 to {MAX_BATCH} requests"):
+        DeviceLoop([], 10, device="cpu")

@@ -20,7 +20,9 @@ def built_extension():
         pytest.fail(f"the CUDA extension must build on a GPU machine: {reason}")
 
 
-CASES = [(1, 0, 10**6), (8, 3, 10**6), (32, 5, 150), (128, 9, 600), (40, 2, 10**6)]
+# Above 1024 requests each lane holds 2 (the kernel's kSlots): 1100, and 2048 (with pressure).
+CASES = [(1, 0, 10**6), (8, 3, 10**6), (32, 5, 150), (128, 9, 600), (40, 2, 10**6), (1100, 1, 10**6),
+         (2048, 6, 16_000)]
 
 
 @pytest.mark.parametrize("batch, seed, capacity", CASES, ids=[f"b{b}-s{s}-cap{c}" for b, s, c in CASES])
