@@ -350,6 +350,7 @@ def sweep_command(
     max_noise: Annotated[float | None, typer.Option(help="wall/graph: keep sampling while the median's relative standard error is above this (default 0.01).")] = None,
     max_time: Annotated[float | None, typer.Option(help="...for at most this many seconds per view and config (default 0.5; 0: exactly --iters samples).")] = None,
     min_time: Annotated[float | None, typer.Option(help="wall/graph: sample at least this many seconds per view and config, noisy or not (default 0; at most --max-time).")] = None,
+    host_tolerance: Annotated[float | None, typer.Option(help="wall: a config whose launch floor is more than this above the sweep's lowest of its path ran in a slow host state; its wall view is measured again at the end, and flagged noisy if still slow (default 0.15).")] = None,
     fmt: FormatOption = "table",
 ) -> None:
     """Time every implementation over a grid (parity first) and write parquet rows per config and view.
@@ -378,7 +379,7 @@ def sweep_command(
         shard_count=shard_count, resume=resume or None, seed=seed, run_id=run_id,
         token_dtypes=parse_name_list(token_dtype) or None, kv_dtypes=parse_name_list(kv_dtype) or None,
         prob_dtypes=parse_name_list(prob_dtype) or None, max_noise=max_noise, max_time=max_time,
-        min_time=min_time,
+        min_time=min_time, host_tolerance=host_tolerance,
     )
     sweep.validate(spec)  # bad input fails here, before the progress bar draws
     sweep.check_op_available(spec.op)
@@ -417,6 +418,11 @@ def _print_sweep_summary(summary, fmt: str = "table") -> None:
     emit(title, ["implementation", *statuses, *(f"{view} µs" for view in summary.views)], rows, fmt, identifiers=1)
     if fmt == "table":
         console.print("µs: median over configs of each config's median", highlight=False)
+    if summary.host_remeasured:
+        err_console.print(
+            f"host state (wall): {summary.host_remeasured} configs ran with a launch floor more than the tolerance "
+            f"above the sweep's lowest and were measured again ({summary.host_kept} faster the second time); "
+            f"{summary.host_slowed_configs} stayed slow, their wall rows flagged noisy (host_slowed)", highlight=False)
     if summary.interrupted:
         err_console.print(
             f"[yellow]interrupted:[/] {summary.measured} finished configs kept in {summary.out_dir}; "
@@ -550,6 +556,7 @@ def report_command(
     threshold: Annotated[float, typer.Option(help="--compare: smallest |B/A - 1| flagged as a change.")] = 0.05,
     seed: Annotated[int, typer.Option(help="--compare: bootstrap seed.")] = 0,
     against_floor: Annotated[bool, typer.Option("--against-floor", help="--compare: each row as a multiple of its own launch floor in its own run (what repeats when the host's launch cost drifts between sessions).")] = False,
+    host_tolerance: Annotated[float | None, typer.Option(help="--compare: a wall row whose own launch floor moved more than this between A and B is NOISY: the host was in another state (default 0.15).")] = None,
     ceiling_gbps: Annotated[float | None, typer.Option(help="Copy-bandwidth ceiling in GB/s (default: the GPU's profile, else the best achieved).")] = None,
     max_rows: Annotated[int, typer.Option(help="Rows per table printed here (report.md holds them all).")] = 60,
     table: Annotated[str | None, typer.Option("--table", help="Only the tables whose title contains this (e.g. latency).")] = None,
@@ -565,7 +572,7 @@ def report_command(
 
     wheres = [report.parse_where(text) for text in where or []]
     if compare:
-        _report_compare(results, wheres, threshold, seed, out, max_rows, against_floor)
+        _report_compare(results, wheres, threshold, seed, out, max_rows, against_floor, host_tolerance)
         return
     sweep_paths, e2e_files = e2e.split_paths(results)
     extra = _e2e_tables(e2e_files, trace or [], trace_gamma)
@@ -627,12 +634,13 @@ def _e2e_tables(e2e_files: list[str], traces: list[str], trace_gamma: int | None
 
 
 def _report_compare(results: list[str], wheres, threshold: float, seed: int, out: str | None, max_rows: int,
-                    against_floor: bool = False) -> None:
+                    against_floor: bool = False, host_tolerance: float | None = None) -> None:
     from pathlib import Path
 
     from sdbench.commands.report import compare
 
-    found, notes = compare.compare_runs(results, wheres, threshold=threshold, seed=seed, against_floor=against_floor)
+    found, notes = compare.compare_runs(results, wheres, threshold=threshold, seed=seed, against_floor=against_floor,
+                                        host_tolerance=host_tolerance)
     table = compare.compare_table(found, notes, results[0], results[1], threshold, against_floor=against_floor)
     console.print(table.rich(max_rows=max_rows))
     if out is not None:

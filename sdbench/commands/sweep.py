@@ -28,7 +28,16 @@ from sdbench.errors import SdbenchError, closest, writable_folder
 from sdbench.measure import environment as envinfo
 from sdbench.measure import results, timing
 from sdbench.ops import backends, make_workload
-from sdbench.ops.launch_floor import LaunchFloor, launch_floor, path_floor
+from sdbench.ops.launch_floor import (
+    HOST_STATE_TOLERANCE,
+    LaunchFloor,
+    config_host_slowed,
+    host_slowed,
+    host_state_differs,
+    launch_floor,
+    lowest_wall_floors,
+    path_floor,
+)
 from sdbench.ops.workload import DEFAULT_VOCAB_SIZE, KV_DTYPES, VerifyConfig
 from sdbench.registry import Implementation
 
@@ -85,6 +94,8 @@ class SweepSpec:
     max_noise: float = 0.01  # wall / graph: sample past iters until the median's relative SE is under this...
     max_time: float = 0.5  # ...or this many seconds per view and config were spent (0: exactly iters samples)
     min_time: float = 0.0  # sample at least this many seconds per view and config, noisy or not (<= max_time)
+    # wall: a config whose floor is this far above the sweep's lowest of its path is measured again at the end
+    host_tolerance: float = HOST_STATE_TOLERANCE
     cold_l2: bool = False
     shard_index: int = 0
     shard_count: int = 1
@@ -167,6 +178,8 @@ def validate(spec: SweepSpec) -> None:
         raise SdbenchError(f"--max-time must be >= 0 seconds, got {spec.max_time}")
     if not 0 <= spec.min_time <= spec.max_time:
         raise SdbenchError(f"--min-time must be in [0, --max-time={spec.max_time:g}] seconds, got {spec.min_time:g}")
+    if not spec.host_tolerance > 0:
+        raise SdbenchError(f"--host-tolerance must be > 0, e.g. 0.15 for 15%, got {spec.host_tolerance:g}")
     if spec.gpu_iters < 1:
         raise SdbenchError(f"gpu_iters must be >= 1, got {spec.gpu_iters}")
     if not 0 <= spec.shard_index < spec.shard_count:
@@ -203,9 +216,11 @@ def shard(configs: list[VerifyConfig], index: int, count: int) -> list[VerifyCon
     return configs[index::count]
 
 
-def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.TimingOptions) -> dict[str, Any]:
-    """The results columns of results.CONFIG_COLUMNS for cfg measured with options, plus the device
-    (recorded by type: cuda, cpu). The machine's gpu_name is added by the environment record."""
+def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.TimingOptions,
+                   host_tolerance: float = HOST_STATE_TOLERANCE) -> dict[str, Any]:
+    """The results columns of results.CONFIG_COLUMNS for cfg measured with options (and the sweep's host-state
+    tolerance), plus the device (recorded by type: cuda, cpu). The machine's gpu_name is added by the
+    environment record."""
     return {
         "op": op, "device": torch.device(device).type, "batch_size": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha,
         "kv_dim": cfg.kv_dim, "vocab_size": cfg.vocab_size, "dist": cfg.dist,
@@ -217,7 +232,8 @@ def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.Timi
         "settings": (f"warmup={options.warmup} iters={options.iters} gpu_iters={options.gpu_iters} "
                      f"max_noise={options.max_noise:g} max_time={options.max_time_s:g}"
                      # only when set: results written before --min-time keep their config key
-                     + (f" min_time={options.min_time_s:g}" if options.min_time_s else "")),
+                     + (f" min_time={options.min_time_s:g}" if options.min_time_s else "")
+                     + (f" host_tolerance={host_tolerance:g}" if host_tolerance != HOST_STATE_TOLERANCE else "")),
     }
 
 
@@ -255,6 +271,9 @@ class SweepSummary:
     timed_rows: int = 0  # ok rows of implementations (the launch floor not counted)
     failed_rows: int = 0  # rows that failed parity or raised
     reasons: dict[str, list[str]] = field(default_factory=dict)  # why rows were not timed -> implementations
+    host_remeasured: int = 0  # configs whose wall view was measured again at the end (slow host state)
+    host_kept: int = 0  # ...of which the second measurement, in a faster host state, was kept
+    host_slowed_configs: int = 0  # configs whose wall rows stayed slowed beyond the tolerance: flagged noisy
 
     @property
     def remaining(self) -> int:
@@ -267,6 +286,13 @@ class SweepSummary:
     def median_of_medians(self, impl: str, view: str) -> float | None:
         values = self.medians_us.get((impl, view))
         return timing.percentile(values, 50.0) if values else None
+
+    def recount(self, rows_of_configs: list[list[dict[str, Any]]]) -> None:
+        """Count every config's rows afresh (after the host-state check replaced some wall rows)."""
+        self.medians_us, self.statuses, self.reasons = {}, {}, {}
+        self.timed_rows = self.failed_rows = 0
+        for rows in rows_of_configs:
+            self.add(rows)
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
@@ -315,8 +341,8 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
                                    min_time_s=spec.min_time)
     done = results.done_configs(spec.out_dir) if spec.resume else set()
     machine = {"gpu_name": envinfo.collect(device).get("gpu_name")}
-    todo = [cfg for cfg in mine
-            if results.config_key({**config_columns(spec.op, device, cfg, options), **machine}) not in done]
+    todo = [cfg for cfg in mine if results.config_key(
+        {**config_columns(spec.op, device, cfg, options, spec.host_tolerance), **machine}) not in done]
     summary = SweepSummary(
         run_id=spec.run_id or results.new_run_id(), out_dir=Path(spec.out_dir), device=device,
         views=timing.views_for(device), grid_size=len(configs), shard_size=len(mine), skipped=len(mine) - len(todo),
@@ -333,33 +359,125 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
                 timing.measure({timing.LAUNCH_FLOOR: floor.run}, device,
                                timing.TimingOptions(warmup=SWEEP_WARMUP_CALLS, iters=1, views=("wall", "graph")))
             notify(SweepProgress(0, len(todo), None))
+            measured: list[MeasuredConfig] = []
             for cfg in todo:
                 notify(SweepProgress(summary.measured, len(todo), label(spec.op, cfg)))
-                key_values = {**config_columns(spec.op, device, cfg, options), **machine}
+                key_values = {**config_columns(spec.op, device, cfg, options, spec.host_tolerance), **machine}
                 with results.config_claim(spec.out_dir, key_values, spec.resume) as claimed:
                     if not claimed:  # another sweep into this folder is measuring it, or has
                         summary.skipped += 1
                         continue
-                    rows = measure_config(spec.op, cfg, impls, device, options, floor, summary.run_id)
-                    summary.parts.append(results.write_part(spec.out_dir, results.part_name(summary.run_id, rows[0]),
-                                                            rows))
+                    rows = measure_config(spec.op, cfg, impls, device, options, floor, summary.run_id,
+                                          spec.host_tolerance)
+                    part = results.write_part(spec.out_dir, results.part_name(summary.run_id, rows[0]), rows)
+                    summary.parts.append(part)
+                measured.append(MeasuredConfig(cfg, rows, part))
                 summary.add(rows)
                 summary.measured += 1
                 notify(SweepProgress(summary.measured, len(todo), None))
+            if measured and "wall" in timing.views_for(device, options):
+                def announce(cfg: VerifyConfig) -> None:
+                    notify(SweepProgress(summary.measured, len(todo), f"{label(spec.op, cfg)}: wall again (slow host)"))
+
+                remeasure = _wall_remeasure(spec.op, impls, device, options, floor, summary.run_id, spec.host_tolerance)
+                settle_host_state(measured, spec.host_tolerance, remeasure, summary, announce)
     except KeyboardInterrupt:
         summary.interrupted = True
     return summary
 
 
+# --- the host-state check of the wall view --------------------------------------------------------------
+@dataclass
+class MeasuredConfig:
+    """A config this invocation measured: its rows as written, and the part file that holds them."""
+
+    cfg: VerifyConfig
+    rows: list[dict[str, Any]]
+    part: Path
+
+
+def settle_host_state(measured: list[MeasuredConfig], tolerance: float,
+                      remeasure_wall: Callable[[VerifyConfig], list[dict[str, Any]]], summary: SweepSummary,
+                      announce: Callable[[VerifyConfig], None] = lambda cfg: None) -> None:
+    """After the sweep's configs: the wall view of every config measured in a slow host state, measured again.
+
+    A path's wall floor probes the host's state when its config ran (sdbench.ops.launch_floor). A config whose
+    floor of any path is more than `tolerance` above the lowest wall floor of that path in this sweep has its
+    wall view measured once more (every callable in rotation, floors included: `remeasure_wall`), and the new
+    wall rows replace the old ones if they were measured in a faster state. A retry can lower a path's lowest
+    floor, so the check repeats over the configs not yet retried; each is retried at most once. Then every wall
+    row records `host_slowed` (its floor over the sweep's lowest of its path), and an ok row still beyond the
+    tolerance is `noisy`: it will not repeat against its floor in a run made in the other state. Every part is
+    rewritten in place (same name, same config key: --resume still counts it once). It helps only if the host
+    returns to its fast state before the sweep ends; a sweep in one state is left as it was measured.
+    """
+    retried: set[int] = set()
+    while True:
+        lowest = lowest_wall_floors(row for config in measured for row in config.rows)
+        slow = [index for index, config in enumerate(measured) if index not in retried
+                and _slowed_beyond(config_host_slowed(config.rows, lowest), tolerance)]
+        if not slow:
+            break
+        for index in slow:
+            retried.add(index)
+            config = measured[index]
+            announce(config.cfg)
+            again = {(row["impl"], row["view"]): row for row in remeasure_wall(config.cfg)}
+            if _faster_state(config.rows, again, lowest):
+                config.rows = [again.get((row["impl"], row["view"]), row) for row in config.rows]
+                summary.host_kept += 1
+    summary.host_remeasured = len(retried)
+    for config in measured:
+        summary.host_slowed_configs += _flag_host_state(config.rows, lowest, tolerance)
+        results.write_part(config.part.parent, config.part.name, config.rows)
+    summary.recount([config.rows for config in measured])
+
+
+def _slowed_beyond(slowed: float | None, tolerance: float) -> bool:
+    return slowed is not None and host_state_differs(slowed, 1.0, tolerance)
+
+
+def _faster_state(rows: list[dict[str, Any]], again: dict[tuple[str, str], dict[str, Any]],
+                  lowest: dict[str, float]) -> bool:
+    """Whether the second wall measurement ran in a faster host state than the first (its floors lower) and
+    timed every row the first did (a row that raised the second time keeps its first measurement)."""
+    before, after = config_host_slowed(rows, lowest), config_host_slowed(again.values(), lowest)
+    lost = any(row["view"] == "wall" and row["status"] == "ok"
+               and again.get((row["impl"], row["view"]), {}).get("status") != "ok" for row in rows)
+    return before is not None and after is not None and after < before and not lost
+
+
+def _flag_host_state(rows: list[dict[str, Any]], lowest: dict[str, float], tolerance: float) -> bool:
+    """Record host_slowed on every wall row with a floor; an ok row beyond the tolerance is noisy. True when
+    any was."""
+    slowed = False
+    for row in rows:
+        ratio = host_slowed(row, lowest)
+        if ratio is None:
+            continue
+        row["host_slowed"] = ratio
+        if row["status"] == "ok" and _slowed_beyond(ratio, tolerance):
+            row["noisy"] = slowed = True
+    return slowed
+
+
+def _wall_remeasure(op, impls, device, options: timing.TimingOptions, floor: LaunchFloor, run_id: str,
+                    host_tolerance: float) -> Callable[[VerifyConfig], list[dict[str, Any]]]:
+    """The second measurement of a config's wall view: measure_config itself, with the wall view alone."""
+    wall_only = dataclasses.replace(options, views=("wall",))
+    return lambda cfg: measure_config(op, cfg, impls, device, wall_only, floor, run_id, host_tolerance)
+
+
 def measure_config(
     op: str, cfg: VerifyConfig, impls: list[Implementation], device: str, options: timing.TimingOptions,
-    floor: LaunchFloor, run_id: str,
+    floor: LaunchFloor, run_id: str, host_tolerance: float = HOST_STATE_TOLERANCE,
 ) -> list[dict[str, Any]]:
-    """Every row of one config: parity, then interleaved timing of what passed, plus the launch floor."""
+    """Every row of one config: parity, then interleaved timing of what passed, plus the launch floor, in
+    every view of options."""
     views = timing.views_for(device, options)
     base = {
         "run_id": run_id, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **envinfo.collect(device), **config_columns(op, device, cfg, options),
+        **envinfo.collect(device), **config_columns(op, device, cfg, options, host_tolerance),
     }
     try:
         workload = make_workload(op, cfg, device)

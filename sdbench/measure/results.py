@@ -84,6 +84,7 @@ SCHEMA = pa.schema([
     ("noisy", pa.bool_()),
     ("calls_per_sample", pa.int32()),  # graph rows: copies of the call per timed replay (samples are per copy)
     ("floor_drift", pa.float64()),  # wall / graph rows: spread of the row / own-floor ratio over the run's quarters
+    ("host_slowed", pa.float64()),  # wall rows: own floor / the sweep's lowest wall floor of that path (host state)
     ("launch_floor_us", pa.float64()),  # the floor of the row's own launch path (launch_path), same run and view
     ("launch_path", pa.string()),  # custom_op | triton | triton_bound | torch_eager (null before this column)
     ("launch_floor_min_us", pa.float64()),  # the lowest floor of the paths measured in that config and view

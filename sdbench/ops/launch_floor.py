@@ -6,7 +6,7 @@ it like any other callable; it knows no kernel).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -132,3 +132,50 @@ FLOOR_KEY_COLUMNS = ("op", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size
 
 def _config_of(row: dict) -> tuple:
     return tuple(row.get(name) for name in FLOOR_KEY_COLUMNS)
+
+
+# --- the host's state, read from the wall floor -------------------------------------------------------
+# The wall view times the host's launch path, and a virtualised host has more than one state: on the H200
+# host (a Firecracker VM, 2026-11-25) whole configs ran in a slow state where the empty launch of a path read
+# 29-38 µs against 17-18 µs, steady within the config (low noise, no floor_drift). Rows do not slow by the
+# floor's factor in that state (wall ≈ s·host work + fixed device and driver time), so their ratio to the floor
+# moved 5-23% against the same config in the fast state. A path's wall floor is the probe of that state: two
+# floors of one path more than HOST_STATE_TOLERANCE apart were measured in different host states, and rows read
+# against them do not compare. Within one state the floors of a quick sweep spread by up to ~9% (17.4-18.9 µs).
+HOST_STATE_TOLERANCE = 0.15
+HOST_STATE_VIEW = "wall"
+
+
+def host_state_differs(floor_us: float, other_us: float, tolerance: float = HOST_STATE_TOLERANCE) -> bool:
+    """Whether two wall floors of one launch path are more than tolerance apart (the larger over the smaller):
+    the host was in another state for one of them."""
+    low, high = sorted((floor_us, other_us))
+    return low > 0 and high > low * (1.0 + tolerance)
+
+
+def lowest_wall_floors(rows: Iterable[dict]) -> dict[str, float]:
+    """The lowest wall floor of each launch path among rows: the fastest host state a sweep saw on that path."""
+    lowest: dict[str, float] = {}
+    for row in rows:
+        floor_us = row.get("launch_floor_us")
+        if row.get("view") != HOST_STATE_VIEW or floor_us is None or not floor_us > 0:
+            continue
+        path = row.get("launch_path") or "custom_op"
+        lowest[path] = min(floor_us, lowest.get(path, floor_us))
+    return lowest
+
+
+def host_slowed(row: dict, lowest: dict[str, float]) -> float | None:
+    """A wall row's own floor over the lowest wall floor of its path (1.0: measured in the fastest state seen);
+    None for other views and rows without a floor."""
+    floor_us = row.get("launch_floor_us")
+    lowest_us = lowest.get(row.get("launch_path") or "custom_op")
+    if row.get("view") != HOST_STATE_VIEW or floor_us is None or not lowest_us:
+        return None
+    return floor_us / lowest_us
+
+
+def config_host_slowed(rows: Iterable[dict], lowest: dict[str, float]) -> float | None:
+    """How much slower than its fastest state the host launched while a config's wall view was measured: the
+    largest host_slowed of its rows (None when none has a floor)."""
+    return max((ratio for row in rows if (ratio := host_slowed(row, lowest)) is not None), default=None)

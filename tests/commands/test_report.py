@@ -231,15 +231,22 @@ def test_compare_never_matches_graph_rows_timed_by_the_two_graph_methods(tmp_pat
     assert "graph" in {c.get("view") for c in found} and not notes
 
 
-def test_compare_against_the_floor_forgives_a_host_that_slowed_everything_alike(tmp_path):
-    """B ran on a host 40% slower at launching: every row and its floor moved together. Raw medians call every
-    row SLOWER; as multiples of their own floor in their own run they are the SAME."""
+def _slowed_wall_pair(tmp_path, factor: float, rows_factor: float | None = None):
+    """A and B of the wall view; in B every launch floor is `factor` times A's and every row `rows_factor`
+    times (the floor's factor unless given)."""
+    rows_factor = factor if rows_factor is None else rows_factor
     a_rows = synthetic_results.make_rows(seed=1, run_id="a", views=("wall",))
-    b_rows = [{**row, "median_us": row["median_us"] * 1.4, "samples_us": [x * 1.4 for x in row["samples_us"]],
-               "launch_floor_us": row["launch_floor_us"] * 1.4 if row["launch_floor_us"] else None, "run_id": "b"}
+    b_rows = [{**row, "median_us": row["median_us"] * rows_factor, "samples_us": [x * rows_factor for x in row["samples_us"]],
+               "launch_floor_us": row["launch_floor_us"] * factor if row["launch_floor_us"] else None, "run_id": "b"}
               for row in synthetic_results.make_rows(seed=2, run_id="b", views=("wall",))]
-    a = synthetic_results.write(tmp_path / "a.parquet", a_rows)
-    b = synthetic_results.write(tmp_path / "b.parquet", b_rows)
+    return (synthetic_results.write(tmp_path / "a.parquet", a_rows),
+            synthetic_results.write(tmp_path / "b.parquet", b_rows))
+
+
+def test_compare_against_the_floor_forgives_a_host_that_slowed_everything_alike(tmp_path):
+    """B ran on a host 10% slower at launching (within one host state): every row and its floor moved together.
+    Raw medians call every row SLOWER; as multiples of their own floor in their own run they are the SAME."""
+    a, b = _slowed_wall_pair(tmp_path, 1.1)
     raw, _ = compare.compare([a], [b], n_boot=200)
     assert raw and all(c.verdict == "SLOWER" for c in raw)
     floored, _ = compare.compare([a], [b], n_boot=200, against_floor=True)
@@ -272,16 +279,55 @@ def test_compare_does_not_flag_a_2_percent_change(tmp_path):
 
 
 @pytest.mark.parametrize("ratio, low, high, noisy, verdict", [
-    (2.0, 1.9, 2.1, False, "SLOWER"),
-    (0.5, 0.45, 0.55, False, "FASTER"),
-    (1.01, 0.99, 1.03, False, "SAME"),        # inside the ±5% band
-    (1.03, 1.02, 1.04, False, "SAME"),        # real, but under the threshold
-    (1.0, 0.7, 1.4, False, "NOISY"),          # too wide to tell either way
-    (1.3, 0.9, 1.8, False, "NOISY"),          # large, but the interval includes 1
-    (2.0, 1.9, 2.1, True, "NOISY"),           # a run said the row was noisy: never a verdict of change
+    (2.0, 1.9, 2.1, None, "SLOWER"),
+    (0.5, 0.45, 0.55, None, "FASTER"),
+    (1.01, 0.99, 1.03, None, "SAME"),         # inside the ±5% band
+    (1.03, 1.02, 1.04, None, "SAME"),         # real, but under the threshold
+    (1.0, 0.7, 1.4, None, "NOISY"),           # too wide to tell either way
+    (1.3, 0.9, 1.8, None, "NOISY"),           # large, but the interval includes 1
+    (2.0, 1.9, 2.1, "run A flagged it", "NOISY"),  # a run said the row was noisy: never a verdict of change
+    (1.01, 0.99, 1.03, "host state moved", "NOISY"),  # nor one of sameness
 ])
 def test_the_compare_classifier(ratio, low, high, noisy, verdict):
-    assert compare.judge(ratio, low, high, 0.05, noisy)[0] == verdict
+    found, why = compare.judge(ratio, low, high, 0.05, noisy)
+    assert found == verdict and (noisy is None or why == noisy)
+
+
+@pytest.mark.parametrize("against_floor", [False, True])
+def test_a_wall_pair_whose_floor_moved_beyond_the_host_tolerance_is_noisy(tmp_path, against_floor):
+    """B met the host in its slow state: floors 1.7× A's, rows only 1.4× (wall ≈ s·host work + fixed device time,
+    so rows do not move by the floor's factor). Neither the raw nor the floored ratio compares: NOISY, saying
+    why; the gpu view, which has no host state, is judged as before."""
+    a, b = _slowed_wall_pair(tmp_path, 1.7, rows_factor=1.4)
+    found, _ = compare.compare([a], [b], n_boot=100, against_floor=against_floor)
+    assert found and all(c.verdict == "NOISY" for c in found)
+    assert all("launch floor moved +70% (19.0 → 32.3 µs): host state differs between runs" == c.why for c in found)
+    loose, _ = compare.compare([a], [b], n_boot=100, against_floor=against_floor, host_tolerance=0.8)
+    assert {c.verdict for c in loose} == ({"FASTER"} if against_floor else {"SLOWER"})
+
+
+def test_the_host_state_rule_reaches_the_wall_view_only(tmp_path):
+    a_rows = synthetic_results.make_rows(seed=1, run_id="a", views=("wall", "gpu"))
+    b_rows = [{**row, "run_id": "b", "launch_floor_us": row["launch_floor_us"] * 1.7 if row["launch_floor_us"] else None}
+              for row in synthetic_results.make_rows(seed=1, run_id="b", views=("wall", "gpu"))]
+    a = synthetic_results.write(tmp_path / "a.parquet", a_rows)
+    b = synthetic_results.write(tmp_path / "b.parquet", b_rows)
+    found, _ = compare.compare([a], [b], n_boot=100)
+    verdicts = {view: {c.verdict for c in found if c.get("view") == view} for view in ("wall", "gpu")}
+    assert verdicts == {"wall": {"NOISY"}, "gpu": {"SAME"}}
+
+
+def test_compare_says_which_run_flagged_a_row_and_why(tmp_path):
+    rows = synthetic_results.make_rows(seed=1, run_id="a", views=("wall",))
+    slowed = [{**row, "run_id": "b", "noisy": True, "host_slowed": 1.7} for row in rows]
+    drifted = [{**row, "run_id": "b", "noisy": True, "floor_drift": 0.08} for row in rows]
+    a = synthetic_results.write(tmp_path / "a.parquet", rows)
+    for b_rows, why in ((slowed, "run B flagged this row noisy (measured in a slow host state: launch floor 1.70× its "
+                                 "sweep's lowest)"),
+                        (drifted, "run B flagged this row noisy (its ratio to its floor drifted 8% within the run)")):
+        b = synthetic_results.write(tmp_path / "b.parquet", b_rows)
+        found, _ = compare.compare([a], [b], n_boot=100)
+        assert found and {(c.verdict, c.why) for c in found} == {("NOISY", why)}
 
 
 def test_compare_cli(tmp_path):

@@ -453,3 +453,199 @@ def test_a_row_is_read_against_its_own_paths_floor_else_the_custom_ops():
     assert sweep._own_floor(timings, "triton_bound", "wall") == ("custom_op", ok)  # never measured
     assert sweep._own_floor(timings, "custom_op", "wall") == ("custom_op", ok)
     assert sweep._own_floor({}, "custom_op", "wall") == ("custom_op", None)
+
+
+# --- the wall view's host-state check ------------------------------------------------------------------
+def _config_rows(batch: int, wall_floor_us: float, row_us: float = 30.0) -> list[dict]:
+    """One config's rows as the sweep writes them: ballot and the custom-op floor in the wall and gpu views."""
+    rows = []
+    for view, floor_us in (("wall", wall_floor_us), ("gpu", 0.9)):
+        for impl, median in (("ballot", row_us if view == "wall" else 2.0), ("launch_floor", floor_us)):
+            rows.append({"op": "verify", "device": "cuda", "batch_size": batch, "gamma": 8, "alpha": 0.5, "kv_dim": 0,
+                         "vocab_size": 32000, "dist": "binomial", "token_dtype": "int64", "kv_dtype": "float16",
+                         "seed": 0, "cold_l2": False, "settings": "s", "run_id": "r", "impl": impl, "view": view,
+                         "status": "ok", "median_us": median, "samples_us": [median] * 8, "noise": 0.0,
+                         "noisy": False, "launch_floor_us": floor_us, "launch_path": "custom_op"})
+    return rows
+
+
+def _measured(tmp_path, wall_floors_us: list[float]) -> list[sweep.MeasuredConfig]:
+    configs = []
+    for batch, floor_us in enumerate(wall_floors_us, start=1):
+        rows = _config_rows(batch, floor_us)
+        part = results.write_part(tmp_path, f"part-r-b{batch}.parquet", rows)
+        configs.append(sweep.MeasuredConfig(VerifyConfig(batch, 8, 0.5), rows, part))
+    return configs
+
+
+def _remeasure(second_floors_us: dict[int, float], calls: list[int]):
+    """The second wall measurement of batch b: its floor from second_floors_us, rows as the first time."""
+    def remeasure(cfg):
+        calls.append(cfg.batch_size)
+        return [row for row in _config_rows(cfg.batch_size, second_floors_us[cfg.batch_size]) if row["view"] == "wall"]
+    return remeasure
+
+
+def _wall(config: sweep.MeasuredConfig, impl: str = "ballot") -> dict:
+    (row,) = [row for row in config.rows if row["view"] == "wall" and row["impl"] == impl]
+    return row
+
+
+@pytest.mark.parametrize(("second_floor_us", "kept", "wall_floor_us", "noisy"), [
+    (20.5, True, 20.5, False),  # the host came back to its fast state: the second measurement is kept
+    (32.0, True, 32.0, True),  # faster, still slow: kept, and flagged
+    (36.0, False, 34.0, True),  # slower: the first measurement stays, flagged
+])
+def test_a_config_measured_in_a_slow_host_state_is_measured_again(tmp_path, second_floor_us, kept, wall_floor_us,
+                                                                   noisy):
+    measured = _measured(tmp_path, [20.0, 34.0])  # b=2's floor 1.7x the sweep's lowest
+    summary = sweep.SweepSummary("r", tmp_path, "cuda", ("wall", "gpu"), 2, 2)
+    calls: list[int] = []
+    sweep.settle_host_state(measured, 0.15, _remeasure({2: second_floor_us}, calls), summary)
+    assert calls == [2]  # only the slow config, once
+    assert (summary.host_remeasured, summary.host_kept, summary.host_slowed_configs) == (1, int(kept), int(noisy))
+    slow = _wall(measured[1])
+    assert (slow["launch_floor_us"], slow["noisy"]) == (wall_floor_us, noisy)
+    assert slow["host_slowed"] == pytest.approx(wall_floor_us / 20.0)
+    assert _wall(measured[1], "launch_floor")["noisy"] is noisy
+    assert [row["launch_floor_us"] for row in measured[1].rows if row["view"] == "gpu"] == [0.9, 0.9]  # untouched
+    assert all(row.get("host_slowed") is None and not row["noisy"] for row in measured[1].rows if row["view"] == "gpu")
+    assert (_wall(measured[0])["host_slowed"], _wall(measured[0])["noisy"]) == (1.0, False)
+    # the parts on disk are what the summary says, rewritten in place: one part per config, no temporary
+    on_disk = {(row["batch_size"], row["impl"], row["view"]): row for row in results.read_rows(tmp_path)}
+    assert len(on_disk) == 8 and sorted(p.name for p in tmp_path.iterdir()) == ["part-r-b1.parquet", "part-r-b2.parquet"]
+    assert on_disk[(2, "ballot", "wall")]["launch_floor_us"] == wall_floor_us
+    assert on_disk[(2, "ballot", "wall")]["noisy"] is noisy
+    assert summary.median_of_medians("launch_floor", "wall") == pytest.approx((20.0 + wall_floor_us) / 2)
+
+
+def test_a_sweep_in_one_host_state_is_left_as_measured(tmp_path):
+    measured = _measured(tmp_path, [20.0, 21.5, 22.8])  # 14% apart at most
+    before = [[dict(row) for row in config.rows] for config in measured]
+    summary = sweep.SweepSummary("r", tmp_path, "cuda", ("wall", "gpu"), 3, 3)
+    calls: list[int] = []
+    sweep.settle_host_state(measured, 0.15, _remeasure({}, calls), summary)
+    assert calls == [] and (summary.host_remeasured, summary.host_slowed_configs) == (0, 0)
+    for config, rows in zip(measured, before, strict=True):
+        assert [{k: v for k, v in row.items() if k != "host_slowed"} for row in config.rows] == rows
+    assert [_wall(config)["host_slowed"] for config in measured] == pytest.approx([1.0, 1.075, 1.14])
+
+
+def test_a_retry_that_lowers_the_sweeps_floor_checks_the_others_again_once_each(tmp_path):
+    """b=3 ran slow (34 against 20); measured again it reads 17, the new lowest, which puts b=1 (22) and b=2
+    (20) beyond 15% of it: they are measured again too, and nothing a second time."""
+    measured = _measured(tmp_path, [22.0, 20.0, 34.0])
+    summary = sweep.SweepSummary("r", tmp_path, "cuda", ("wall", "gpu"), 3, 3)
+    calls: list[int] = []
+    sweep.settle_host_state(measured, 0.15, _remeasure({1: 21.0, 2: 19.0, 3: 17.0}, calls), summary)
+    assert calls == [3, 1, 2]
+    assert [_wall(config)["launch_floor_us"] for config in measured] == [21.0, 19.0, 17.0]
+    assert [_wall(config)["noisy"] for config in measured] == [True, False, False]  # 21 / 17 = 1.24
+    assert (summary.host_remeasured, summary.host_kept, summary.host_slowed_configs) == (3, 3, 1)
+
+
+def test_a_second_measurement_that_lost_a_row_is_not_kept(tmp_path):
+    measured = _measured(tmp_path, [20.0, 34.0])
+    summary = sweep.SweepSummary("r", tmp_path, "cuda", ("wall", "gpu"), 2, 2)
+
+    def remeasure(cfg):
+        rows = [row for row in _config_rows(cfg.batch_size, 20.0) if row["view"] == "wall"]
+        rows[0].update(status="error", reason="raised RuntimeError", median_us=None, samples_us=[])
+        return rows
+
+    sweep.settle_host_state(measured, 0.15, remeasure, summary)
+    assert (_wall(measured[1])["status"], _wall(measured[1])["launch_floor_us"]) == ("ok", 34.0)
+    assert _wall(measured[1])["noisy"] and summary.host_kept == 0
+
+
+def _fake_cuda_host(monkeypatch, wall_floors_us: list[float]) -> list[tuple[str, ...]]:
+    """The sweep on a fake CUDA host: every view of CUDA, and timing.measure returning, for its n-th call, the
+    floor wall_floors_us[n] and rows 3x it (constant samples: no noise). Returns the views of each call."""
+    from sdbench.ops.launch_floor import LaunchFloor
+
+    calls: list[tuple[str, ...]] = []
+
+    def views_for(device, options=None):
+        return tuple(options.views) if options is not None and options.views else sweep.timing.CUDA_VIEWS
+
+    def measure(callables, device, options=None, *, not_capturable=None):
+        views = views_for(device, options)
+        if options.warmup == sweep.SWEEP_WARMUP_CALLS:  # the launch warm-up before the first config
+            return {}
+        floor_us = wall_floors_us[len(calls)]
+        calls.append(views)
+        return {name: {view: sweep.timing.ViewResult(samples_us=[floor_us * (1 if name.startswith("launch_floor") else 3)
+                                                                 if view == "wall" else 1.0] * 16)
+                       for view in views} for name in callables}
+
+    monkeypatch.setattr(sweep.timing, "views_for", views_for)
+    monkeypatch.setattr(sweep.timing, "measure", measure)
+    monkeypatch.setattr(sweep, "launch_floor", lambda device: LaunchFloor(lambda: None, "cuda"))
+    return calls
+
+
+def _host_spec(tmp_path, **changes):
+    return sweep.build_spec(op="verify", impls=["torch_eager"], batch_sizes=[1, 2, 3], gammas=[4], alphas=[0.5],
+                            device="cpu", warmup=0, iters=3, out_dir=tmp_path, run_id="r", **changes)
+
+
+def _wall_floors(folder) -> dict[int, tuple[float, bool]]:
+    return {row["batch_size"]: (row["launch_floor_us"], row["noisy"]) for row in results.read_rows(folder)
+            if row["view"] == "wall" and row["impl"] == "torch_eager"}
+
+
+def test_the_sweep_measures_a_slow_configs_wall_view_again_and_resume_counts_it_once(tmp_path, monkeypatch):
+    calls = _fake_cuda_host(monkeypatch, [20.0, 34.0, 21.0, 20.5])  # b=2 slow; measured again, fast
+    summary = sweep.run_sweep(_host_spec(tmp_path))
+    assert calls == [sweep.timing.CUDA_VIEWS] * 3 + [("wall",)]  # the second measurement: the wall view alone
+    assert (summary.measured, summary.host_remeasured, summary.host_kept, summary.host_slowed_configs) == (3, 1, 1, 0)
+    assert _wall_floors(tmp_path) == {1: (20.0, False), 2: (20.5, False), 3: (21.0, False)}
+    rows = results.read_rows(tmp_path)
+    assert len(list(tmp_path.glob("part-*.parquet"))) == 3 and not list(tmp_path.glob("*.tmp"))
+    assert Counter((row["batch_size"], row["impl"], row["view"]) for row in rows).most_common(1)[0][1] == 1
+    assert {row["view"]: row["launch_floor_us"] for row in rows if row["batch_size"] == 2} == {
+        "wall": 20.5, "graph": 1.0, "gpu": 1.0}  # the other views keep the first measurement
+    assert summary.median_of_medians("torch_eager", "wall") == pytest.approx(3 * 20.5)
+
+    again = sweep.run_sweep(_host_spec(tmp_path, resume=True))
+    assert (again.measured, again.skipped, again.host_remeasured) == (0, 3, 0)
+    assert len(results.read_rows(tmp_path)) == len(rows) and len(calls) == 4
+
+
+def test_the_sweep_flags_a_config_that_stays_slow(tmp_path, monkeypatch):
+    _fake_cuda_host(monkeypatch, [20.0, 34.0, 21.0, 35.0])
+    summary = sweep.run_sweep(_host_spec(tmp_path))
+    assert (summary.host_remeasured, summary.host_kept, summary.host_slowed_configs) == (1, 0, 1)
+    assert _wall_floors(tmp_path) == {1: (20.0, False), 2: (34.0, True), 3: (21.0, False)}
+    (slow,) = [row for row in results.read_rows(tmp_path)
+               if row["batch_size"] == 2 and row["impl"] == "torch_eager" and row["view"] == "wall"]
+    assert slow["host_slowed"] == pytest.approx(1.7)
+
+
+def test_a_sweep_in_one_host_state_measures_nothing_again(tmp_path, monkeypatch):
+    calls = _fake_cuda_host(monkeypatch, [20.0, 22.0, 21.0])
+    summary = sweep.run_sweep(_host_spec(tmp_path))
+    assert len(calls) == 3 and summary.host_remeasured == 0
+    assert _wall_floors(tmp_path) == {1: (20.0, False), 2: (22.0, False), 3: (21.0, False)}
+
+
+def test_host_tolerance_is_validated_and_recorded_only_when_not_the_default(tmp_path, monkeypatch):
+    with pytest.raises(SdbenchError, match="--host-tolerance must be > 0"):
+        sweep.validate(sweep.build_spec(device="cpu", out_dir=tmp_path, host_tolerance=0.0))
+    options = sweep.timing.TimingOptions(max_time_s=0.5)
+    plain = sweep.config_columns("verify", "cpu", VerifyConfig(4, 8, 0.5), options)
+    loose = sweep.config_columns("verify", "cpu", VerifyConfig(4, 8, 0.5), options, host_tolerance=0.8)
+    assert "host_tolerance" not in plain["settings"] and loose["settings"].endswith(" host_tolerance=0.8")
+    _fake_cuda_host(monkeypatch, [20.0, 34.0, 21.0])
+    summary = sweep.run_sweep(_host_spec(tmp_path, host_tolerance=0.8))  # 1.7x is inside an 80% tolerance
+    assert summary.host_remeasured == 0 and _wall_floors(tmp_path)[2] == (34.0, False)
+
+
+def test_the_cli_says_what_the_host_state_check_did(tmp_path, monkeypatch):
+    _fake_cuda_host(monkeypatch, [20.0, 34.0, 21.0, 35.0])
+    result = _invoke("--op", "verify", "--impl", "torch_eager", "--b", "1,2,3", "--gamma", "4", "--alpha", "0.5",
+                     "--device", "cpu", "--warmup", "0", "--iters", "3", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    assert ("host state (wall): 1 configs ran with a launch floor more than the tolerance above the sweep's lowest "
+            "and were measured again (0 faster the second time); 1 stayed slow, their wall rows flagged noisy "
+            "(host_slowed)") in " ".join(result.output.split())

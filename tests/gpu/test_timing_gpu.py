@@ -11,7 +11,7 @@ import torch
 
 from sdbench import parity, registry
 from sdbench.measure import results, timing
-from sdbench.ops.launch_floor import launch_floor
+from sdbench.ops.launch_floor import host_state_differs, launch_floor
 from sdbench.ops.workload import VerifyConfig, make_verify_workload
 
 DEVICE = "cuda"
@@ -162,8 +162,12 @@ def test_quick_preset_sweep_writes_parquet(tmp_path):
             else:  # noise-aware: whole batches of iters, more only while the row was noisy
                 assert len(row["samples_us"]) % row["iters"] == 0 and len(row["samples_us"]) >= row["iters"]
             drifted = (row["floor_drift"] or 0.0) > timing.MAX_FLOOR_DRIFT  # wall / graph only; None elsewhere
-            assert row["noise"] is not None and row["noisy"] == (row["noise"] > 0.01 or drifted)
+            # wall only: measured in a slow host state (its floor > 15% above the sweep's lowest of its path)
+            slowed = row["host_slowed"] is not None and host_state_differs(row["host_slowed"], 1.0)
+            assert row["noise"] is not None and row["noisy"] == (row["noise"] > 0.01 or drifted or slowed)
             assert (row["floor_drift"] is None) == (row["view"] == "gpu" or row["impl"] == timing.LAUNCH_FLOOR)
+            assert (row["host_slowed"] is None) == (row["view"] != "wall")
+            assert row["host_slowed"] is None or row["host_slowed"] >= 1.0
 
 
 def test_every_timed_row_sits_at_or_above_its_own_launch_floor(tmp_path):

@@ -5,7 +5,9 @@ the run), so A and B may be two builds on one GPU or one build on two GPUs. The 
 each side's `samples_us` (seeded) and takes the ratio of the resampled medians. A change is flagged
 only when it is both real (the interval excludes 1) and large enough to matter (|ratio − 1| > threshold).
 Every row gets one verdict, nvbench-style: SLOWER, FASTER, SAME (inside the threshold band, or a real but
-tiny change) or NOISY (the interval is too wide to tell, or a sweep flagged the row noisy), with the reason.
+tiny change) or NOISY (the interval is too wide to tell, a sweep flagged the row noisy, or — wall rows — its
+own launch floor moved beyond the host-state tolerance between A and B: the two runs met the host in different
+states, and neither the row nor its ratio to the floor compares), with the reason.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import numpy as np
 
 from sdbench.commands.report import ReportTable, Where, apply_where, format_us, require_polars, scan
 from sdbench.errors import SdbenchError
-from sdbench.measure import results
+from sdbench.measure import results, timing
+from sdbench.ops.launch_floor import HOST_STATE_TOLERANCE, HOST_STATE_VIEW, host_state_differs
 
 # Runs are matched across machines and timing settings: the config key without its machine columns and
 # without `settings` (the same workload, however many samples each run took), per implementation and view.
@@ -48,9 +51,10 @@ class Samples:
     """One side of a comparison: pooled samples per (config, impl, view) and what else a match must agree on."""
 
     pooled: dict[tuple, np.ndarray]
-    noisy: set[tuple]  # keys any of whose rows the sweep flagged noisy
+    noisy: dict[tuple, str]  # keys any of whose rows the sweep flagged noisy -> why
     graph_methods: dict[tuple, set[bool]]  # graph keys: True where timed inside the graph (schema v3), False before
     paths: dict[tuple, set]  # each key's launch paths (null before launch_path existed: the custom-op floor)
+    floors_us: dict[tuple, list[float]]  # wall keys: the launch floor of each pooled row (its own path's)
 
 
 def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bool = False) -> Samples:
@@ -60,27 +64,51 @@ def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bo
     pl = require_polars()
     frame = apply_where(scan(paths), wheres)
     names = frame.collect_schema().names()
-    for name, dtype in (("noisy", pl.Boolean), ("calls_per_sample", pl.Int32), ("launch_path", pl.String)):
+    for name, dtype in (("noisy", pl.Boolean), ("calls_per_sample", pl.Int32), ("launch_path", pl.String),
+                        ("floor_drift", pl.Float64), ("host_slowed", pl.Float64)):
         if name not in names:  # results from before the column existed
             frame = frame.with_columns(pl.lit(None, dtype=dtype).alias(name))
     frame = frame.filter((pl.col("status") == "ok") & (pl.col("impl") != "launch_floor") & pl.col("median_us").is_not_null())
     if against_floor:
         frame = frame.filter(pl.col("launch_floor_us") > 0)
     table = frame.select(*MATCH_KEYS, "samples_us", "median_us", "noisy", "calls_per_sample", "launch_floor_us",
-                         "launch_path").collect()
+                         "launch_path", "floor_drift", "host_slowed").collect()
     pooled: dict[tuple, list[np.ndarray]] = {}
-    side = Samples({}, set(), {}, {})
+    side = Samples({}, {}, {}, {}, {})
     for row in table.iter_rows(named=True):
         key = tuple(row[name] for name in MATCH_KEYS)
         samples = np.asarray(row["samples_us"] or [row["median_us"]], dtype=float)
         pooled.setdefault(key, []).append(samples / row["launch_floor_us"] if against_floor else samples)
         if row["noisy"]:
-            side.noisy.add(key)
+            side.noisy.setdefault(key, noisy_reason(row))
+        if row["view"] == HOST_STATE_VIEW and row["launch_floor_us"]:
+            side.floors_us.setdefault(key, []).append(row["launch_floor_us"])
         if row["view"] == "graph":
             side.graph_methods.setdefault(key, set()).add(row["calls_per_sample"] is not None)
         side.paths.setdefault(key, set()).add(row["launch_path"] or "custom_op")
     side.pooled = {key: np.concatenate(parts) for key, parts in pooled.items()}
     return side
+
+
+def noisy_reason(row: dict) -> str:
+    """Why a sweep flagged a row noisy, from the columns that record it."""
+    if row.get("host_slowed") and host_state_differs(row["host_slowed"], 1.0):
+        return f"measured in a slow host state: launch floor {row['host_slowed']:.2f}× its sweep's lowest"
+    if row.get("floor_drift") and row["floor_drift"] > timing.MAX_FLOOR_DRIFT:
+        return f"its ratio to its floor drifted {row['floor_drift']:.0%} within the run"
+    return "median noise above its --max-noise"
+
+
+def host_state_moved(a_floors_us: list[float] | None, b_floors_us: list[float] | None,
+                     tolerance: float = HOST_STATE_TOLERANCE) -> str | None:
+    """Why a wall pair does not compare when its own launch floor (the median of each side's pooled rows') moved
+    beyond the host-state tolerance between A and B; None when it did not, or a side has no floor."""
+    if not a_floors_us or not b_floors_us:
+        return None
+    a_us, b_us = float(np.median(a_floors_us)), float(np.median(b_floors_us))
+    if not host_state_differs(a_us, b_us, tolerance):
+        return None
+    return f"launch floor moved {b_us / a_us - 1:+.0%} ({a_us:.1f} → {b_us:.1f} µs): host state differs between runs"
 
 
 def bootstrap_ratio(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_boot: int,
@@ -93,19 +121,20 @@ def bootstrap_ratio(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_bo
     return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
 
 
-def judge(ratio: float, low: float, high: float, threshold: float, noisy: bool = False) -> tuple[str, str]:
+def judge(ratio: float, low: float, high: float, threshold: float, noisy: str | None = None) -> tuple[str, str]:
     """nvbench-style robust verdict on B / A from its bootstrap interval [low, high].
 
     FASTER / SLOWER: the interval excludes 1 and the change exceeds the threshold. SAME: the interval lies
     inside 1 ± threshold, or the change is real but under the threshold. NOISY: neither can be said — the
-    interval is wider than the threshold band and straddles it, or either run flagged the row noisy.
+    interval is wider than the threshold band and straddles it, or `noisy` says why the pair does not compare
+    (a run flagged the row noisy, or the host's state differed between the runs).
     """
     real = low > 1.0 or high < 1.0
     large = abs(ratio - 1.0) > threshold
-    if real and large and not noisy:
-        return ("SLOWER", "B slower beyond noise") if ratio > 1 else ("FASTER", "B faster beyond noise")
     if noisy:
-        return "NOISY", "a run flagged this row noisy (median noise above its --max-noise)"
+        return "NOISY", noisy
+    if real and large:
+        return ("SLOWER", "B slower beyond noise") if ratio > 1 else ("FASTER", "B faster beyond noise")
     if 1.0 - threshold <= low and high <= 1.0 + threshold:
         return "SAME", "interval within the threshold band"
     if real:
@@ -114,21 +143,30 @@ def judge(ratio: float, low: float, high: float, threshold: float, noisy: bool =
 
 
 def compare_runs(results: list[str | Path], wheres: list[Where] | None = None, *, threshold: float = 0.05,
-                 seed: int = 0, against_floor: bool = False) -> tuple[list[Comparison], list[str]]:
-    """`report --compare A B`: exactly two results (files or folders), validated here."""
+                 seed: int = 0, against_floor: bool = False,
+                 host_tolerance: float | None = None) -> tuple[list[Comparison], list[str]]:
+    """`report --compare A B`: exactly two results (files or folders), validated here (host_tolerance None:
+    HOST_STATE_TOLERANCE, the sweep's default)."""
+    host_tolerance = HOST_STATE_TOLERANCE if host_tolerance is None else host_tolerance
     if len(results) != 2:
         raise SdbenchError(f"--compare takes exactly two results (A B), got {len(results)}")
     if not 0 <= threshold < 1:
         raise SdbenchError(f"--threshold must be in [0, 1), got {threshold}")
-    return compare([results[0]], [results[1]], wheres, threshold=threshold, seed=seed, against_floor=against_floor)
+    if not host_tolerance > 0:
+        raise SdbenchError(f"--host-tolerance must be > 0, e.g. 0.15 for 15%, got {host_tolerance:g}")
+    return compare([results[0]], [results[1]], wheres, threshold=threshold, seed=seed, against_floor=against_floor,
+                   host_tolerance=host_tolerance)
 
 
 def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[Where] | None = None, *,
             threshold: float = 0.05, n_boot: int = 1000, confidence: float = 0.95,
-            seed: int = 0, against_floor: bool = False) -> tuple[list[Comparison], list[str]]:
+            seed: int = 0, against_floor: bool = False,
+            host_tolerance: float = HOST_STATE_TOLERANCE) -> tuple[list[Comparison], list[str]]:
     """(one Comparison per config measured in both, notes on what did not match). against_floor compares
     each row as a multiple of its own launch floor in its own run: what repeats on a host whose launch
-    cost drifts between sessions (a_us / b_us are then ×floor, not µs)."""
+    cost drifts within one state between sessions (a_us / b_us are then ×floor, not µs). A wall pair whose own
+    floor moved beyond host_tolerance between A and B is NOISY either way: the host was in another state, and
+    rows do not move by the floor's factor across states."""
     a_side = load_samples(a_paths, wheres or [], against_floor)
     b_side = load_samples(b_paths, wheres or [], against_floor)
     a, b = a_side.pooled, b_side.pooled
@@ -149,7 +187,9 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
     for key in shared:
         a_us, b_us = float(np.median(a[key])), float(np.median(b[key]))
         low, high = bootstrap_ratio(a[key], b[key], rng, n_boot, confidence)
-        verdict, why = judge(b_us / a_us, low, high, threshold, key in a_side.noisy or key in b_side.noisy)
+        why_not = (host_state_moved(a_side.floors_us.get(key), b_side.floors_us.get(key), host_tolerance)
+                   or _flagged(a_side, b_side, key))
+        verdict, why = judge(b_us / a_us, low, high, threshold, why_not)
         results.append(Comparison(key, a_us, b_us, low, high, verdict, why))
     notes = []
     if mixed_graph:
@@ -162,6 +202,13 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
     if len(b) > len(shared) + len(left_out):
         notes.append(f"{len(b) - len(shared) - len(left_out)} (config, impl, view) only in B")
     return results, notes
+
+
+def _flagged(a_side: Samples, b_side: Samples, key: tuple) -> str | None:
+    for name, side in (("A", a_side), ("B", b_side)):
+        if key in side.noisy:
+            return f"run {name} flagged this row noisy ({side.noisy[key]})"
+    return None
 
 
 def compare_table(results: list[Comparison], notes: list[str], a_label: str, b_label: str,
