@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from sdbench.errors import SdbenchError
+from sdbench.ops.prob_verify.reference import RULES
 from sdbench.ops.prob_verify.workload import PROB_LOGIT_SCALE, RANDOMNESS_MODES
 from sdbench.ops.workload import PROB_DTYPES, TOKEN_DTYPES
 
-RULES = ("token", "block")  # Leviathan token-wise acceptance; Sun et al.'s block verification
 MIXED_TEMPERATURES = (0.0, 0.7, 1.0, 1.3)  # greedy and sampled requests in one batch
 
 

@@ -215,7 +215,7 @@ def test_rule_emits_the_targets_joint_distribution(prefix_models, rule, temperat
     target, draft = prefix_models
     drafts, p, q, uniforms, noise = block_rounds(target, draft, temperature, ROUNDS, seed=3)
     if rule == "block":
-        outputs = reference.block_verify(drafts, p, q, uniforms, noise)
+        outputs = prob_verify(drafts, p, q, uniforms, noise, rule="block", compute_dtype=torch.float64)
     else:
         outputs = prob_verify(drafts, p, q, uniforms, noise, compute_dtype=torch.float64)
     assert _joint_pvalue(outputs, target, temperature) > SIGNIFICANCE
@@ -245,7 +245,7 @@ def test_block_accepts_more_on_prefix_models(prefix_models):
     target, draft = prefix_models
     drafts, p, q, uniforms, noise = block_rounds(target, draft, 1.0, ROUNDS, seed=6)
     token = prob_verify(drafts, p, q, uniforms, noise, compute_dtype=torch.float64)["accepted_lengths"]
-    block = reference.block_verify(drafts, p, q, uniforms, noise)["accepted_lengths"]
+    block = prob_verify(drafts, p, q, uniforms, noise, rule="block", compute_dtype=torch.float64)["accepted_lengths"]
     gain, error = _paired_means(token, block)
     assert gain > 3 * error, (gain, error)
 

@@ -90,7 +90,7 @@ def _paper_example(rounds: int, seed: int):
 def test_block_verification_reaches_the_papers_expected_length():
     rounds = 200_000
     drafts, p, q, uniforms, noise = _paper_example(rounds, seed=0)
-    block = reference.block_verify(drafts, p, q, uniforms, noise)["accepted_lengths"].double()
+    block = prob_verify(drafts, p, q, uniforms, noise, rule="block", compute_dtype=torch.float64)["accepted_lengths"].double()
     token = prob_verify(drafts, p, q, uniforms, noise, compute_dtype=torch.float64)["accepted_lengths"].double()
     tolerance = 4 * 0.9 / rounds**0.5  # 4 standard errors (the lengths' std is < 0.9)
     assert abs(float(block.mean()) - 11 / 9) < tolerance
