@@ -275,7 +275,8 @@ def _block_mass_kernel(
     normalisers of rows 0..i-1 and p_i needs row i's: pass 1's partials (L2), so this is the second
     and last full read of the logits the rule needs. The race keys are not computed here (they would
     cost a Philox draw and a division per column of γ-1 rows): pass 3 races at τ only.
-    A greedy target row is one-hot at its argmax a: r_i = max(0, w_i - q_i(a)), one draft logit read.
+    A greedy target row needs no mass and reads nothing: there p ∈ {0, 1} and q <= 1, so every weight is
+    0 or 1, and h_i is 1 where w_i = 1 (r_i / (r_i + 0), or 0/0 := 1) and 0 where w_i = 0, whatever r_i is.
     The mass is a sum, whose last bits already depend on the order: one fast exp and one multiply per
     logit (near-ties of η_i against h_i are the reference's float32-rounding tolerance).
     Registers: one TILE of target and one of draft logits (16 + 16 per thread at 4 warps)."""
@@ -293,7 +294,7 @@ def _block_mass_kernel(
                                           stride_p_b, stride_p_row, stride_q_b, stride_q_row,
                                           GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
     weight = _pick(_block_weights(p_at, q_at, GAMMA, GAMMA_PAD), i - 1, GAMMA_PAD)
-    max_t, sum_t, arg_t = _pick(row_max, i, R_PAD), _pick(row_sum, i, R_PAD), _pick(row_arg, i, R_PAD)
+    max_t, sum_t = _pick(row_max, i, R_PAD), _pick(row_sum, i, R_PAD)
     draft_index = i + GAMMA + 1
     max_d, sum_d = _pick(row_max, draft_index, R_PAD), _pick(row_sum, draft_index, R_PAD)
     arg_d = _pick(row_arg, draft_index, R_PAD)
@@ -302,12 +303,7 @@ def _block_mass_kernel(
     start = split * span
     end = tl.minimum(start + span, vocab)
     mass = tl.zeros([], tl.float32)
-    if greedy_t:
-        if (arg_t >= start) & (arg_t < end):
-            q_argmax = _probability(tl.load(draft_row + arg_t), inverse_d, max_d, sum_d, greedy_d, arg_t == arg_d,
-                                    PRECISE_MATH)
-            mass = tl.maximum(weight - q_argmax, 0.0)
-    else:
+    if temperature_t != 0:  # see above: a greedy target row keeps r_i = 0
         target_scale = weight / sum_t  # w·p = w/S_t · exp(z - M_t): one multiply per logit
         draft_scale = 1.0 / sum_d
         for tile_start in range(start, end, TILE):

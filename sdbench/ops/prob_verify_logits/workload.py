@@ -158,6 +158,29 @@ def logits_workload_from_logits(target_logits: torch.Tensor, draft_logits: torch
     return _finish_logits_workload(cfg, target, draft, draft_tokens, temperature, gen)
 
 
+def logits_workload_from_probs(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                               uniforms: torch.Tensor, exponential_noise: torch.Tensor, *, rule: str = "block",
+                               logprobs: bool = False, logits_dtype: str = "float32") -> LogitsWorkload:
+    """The from-logits step over given probabilities p [B, γ+1, V] and q [B, γ, V] (log-probs when
+    logprobs): logits = log p at temperature 1, since softmax(log p) = p — how a probability caller
+    reaches a from-logits rule (block verification runs in `fused_logits`, not in prob `fused`), and
+    how the exactness tests feed the kernel prefix-dependent models. Supplied randomness as given."""
+    batch, gamma = draft_tokens.shape
+    vocab = target_probs.shape[2]
+
+    def as_logits(values: torch.Tensor) -> torch.Tensor:
+        values = values.double() if logprobs else values.double().log()
+        return values.to(PROB_DTYPES[logits_dtype]).contiguous()
+
+    token_dtype = next(name for name, dtype in TOKEN_DTYPES.items() if dtype == draft_tokens.dtype)
+    cfg = LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=logits_dtype, temperatures=(1.0,), rule=rule,
+                       token_dtype=token_dtype)
+    ones = torch.ones(batch, dtype=torch.float32, device=draft_tokens.device)
+    return LogitsWorkload(config=cfg, draft_tokens=draft_tokens, target_logits=as_logits(target_probs),
+                          draft_logits=as_logits(draft_probs), target_temperature=ones, draft_temperature=ones.clone(),
+                          uniforms=uniforms.float().contiguous(), exponential_noise=exponential_noise.float().contiguous())
+
+
 def _finish_logits_workload(cfg, target, draft, draft_tokens, temperature, gen) -> LogitsWorkload:
     batch, gamma, vocab = cfg.batch_size, cfg.gamma, cfg.vocab_size
     uniforms = torch.rand((batch, gamma), generator=gen, device=target.device)

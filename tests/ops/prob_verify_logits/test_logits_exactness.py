@@ -24,7 +24,12 @@ import torch
 
 from sdbench.ops.prob_verify.reference import prob_output_tokens, prob_race, prob_verify
 from sdbench.ops.prob_verify_logits import reference
-from sdbench.ops.prob_verify_logits.workload import LogitsConfig, logits_workload_from_logits, make_logits_workload
+from sdbench.ops.prob_verify_logits.workload import (
+    LogitsConfig,
+    logits_workload_from_logits,
+    logits_workload_from_probs,
+    make_logits_workload,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "prob_verify"))
 from test_prob_exactness import SIGNIFICANCE, chi_square_pvalue, exactness_pvalues  # noqa: E402
@@ -245,6 +250,58 @@ def test_broken_block_verification_fails(prefix_models, broken):
     assert _joint_pvalue(wrong_block(*rounds, **broken), target, 1.0) < SIGNIFICANCE
 
 
+# --- the kernel's block rule: fused_logits, fast randomness, under the interpreter ------------------
+INTERPRETER_BLOCK_ROUNDS = 400  # ~0.15 s per round interpreted; the GPU test runs ROUNDS
+
+
+def prefix_workload(target: PrefixModel, draft: PrefixModel, rounds: int, seed: int, device: str = "cpu"):
+    """block_rounds at T = 1 as the from-logits kernels' input (logits = log p, T = 1, rule block), and the rounds."""
+    drafts, p, q, uniforms, noise = block_rounds(target, draft, 1.0, rounds, seed)
+    w = logits_workload_from_probs(*(t.to(device) for t in (drafts, p, q, uniforms, noise)), rule="block")
+    return w, (drafts, p, q, uniforms, noise)
+
+
+INTERPRETER_BLOCK_CHI2 = """
+import json, sys
+sys.path.insert(0, {here!r})
+from test_logits_exactness import PREFIX_SCALE, PREFIX_SEEDS, PrefixModel, prefix_workload
+from sdbench import registry
+impl = registry.get("prob_verify_logits", "fused_logits")
+reason = impl.unavailable_reason("cpu")
+models = [PrefixModel(seed=seed, scale=PREFIX_SCALE) for seed in PREFIX_SEEDS]
+w, _ = prefix_workload(*models, rounds={rounds}, seed=7)
+out = None if reason else impl.prepare(w.with_randomness("fast", offset=1))()
+print(json.dumps({{"reason": reason, "outputs": None if out is None else
+                  {{name: out[name].tolist() for name in ("output_tokens", "accepted_lengths")}}}}))
+"""
+
+
+@pytest.mark.slow
+def test_fused_logits_block_rule_is_exact_under_the_interpreter(prefix_models):
+    """fused_logits' block rule with its in-kernel Philox randomness (fast mode: no reference gives its tokens)
+    emits the target's joint (the χ² above) on INTERPRETER_BLOCK_ROUNDS rounds (~60 s interpreted); the same
+    test at the same size rejects stopping at the first failed test (the token path's scan reused), and the
+    GPU runs 10^5 rounds (tests/gpu/test_block_rule_gpu.py), where the subtler broken variants show too."""
+    import json
+    import os
+    import subprocess
+
+    pytest.importorskip("triton")
+    script = INTERPRETER_BLOCK_CHI2.format(here=str(Path(__file__).resolve().parent), rounds=INTERPRETER_BLOCK_ROUNDS)
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if report["reason"]:
+        pytest.skip(f"Triton cannot run here: {report['reason']}")
+    kernel = {name: torch.tensor(values) for name, values in report["outputs"].items()}
+    target, draft = prefix_models
+    _, rounds = prefix_workload(target, draft, INTERPRETER_BLOCK_ROUNDS, seed=7)
+    assert _joint_pvalue(kernel, target, 1.0) > SIGNIFICANCE
+    assert _joint_pvalue(wrong_block(*rounds, first_failure=True), target, 1.0) < SIGNIFICANCE
+
+
 # --- block >= token in mean accepted length --------------------------------------------------------
 def _paired_means(token_lengths, block_lengths):
     difference = (block_lengths.double() - token_lengths.double())
@@ -260,10 +317,21 @@ def test_block_accepts_more_on_prefix_models(prefix_models):
     assert gain > 3 * error, (gain, error)
 
 
-@pytest.mark.parametrize("draft_noise", [0.2, 0.6])
-def test_block_mean_length_is_at_least_token_on_logits_workloads(draft_noise):
+MEAN_LENGTH_WORKLOADS = {  # 20,000 sequences each; mixed temperatures (greedy rows included) unless stated
+    "g4_noise0.2": LogitsConfig(20_000, 4, vocab_size=32, draft_noise=0.2, seed=7),
+    "g4_noise0.6": LogitsConfig(20_000, 4, vocab_size=32, draft_noise=0.6, seed=7),
+    "g8_noise0.4_bf16_sampled": LogitsConfig(20_000, 8, vocab_size=40, logits_dtype="bfloat16", temperatures=(1.0,),
+                                             draft_noise=0.4, seed=8),
+    "g2_noise1.0_hot_and_cold": LogitsConfig(20_000, 2, vocab_size=24, temperatures=(0.7, 1.3), draft_noise=1.0,
+                                             seed=9),
+    "g16_noise0.3": LogitsConfig(20_000, 16, vocab_size=16, draft_noise=0.3, seed=10),
+}
+
+
+@pytest.mark.parametrize("cfg", MEAN_LENGTH_WORKLOADS.values(), ids=MEAN_LENGTH_WORKLOADS.keys())
+def test_block_mean_length_is_at_least_token_on_logits_workloads(cfg):
     """The same workload and randomness under both rules: many sequences (the seeds of the rounds)."""
-    w = make_logits_workload(LogitsConfig(20_000, 4, vocab_size=32, draft_noise=draft_noise, seed=7))
+    w = make_logits_workload(cfg)
     token = reference.reference_outputs(w, "token")["accepted_lengths"]
     block = reference.reference_outputs(w, "block")["accepted_lengths"]
     gain, error = _paired_means(token, block)

@@ -56,7 +56,8 @@ BLOCK_PARITY_CONFIGS = {
 }
 BLOCK_FAST_CASES = ("block_fast_is_deterministic", "block_leaves_scratch_clean", "block_any_split_agrees")
 CASES = (tuple(f"parity_{name}_{config}" for name in KERNEL_IMPLS for config in PARITY_CONFIGS) + FAST_CASES
-         + tuple(f"parity_block_{config}" for config in BLOCK_PARITY_CONFIGS) + BLOCK_FAST_CASES)
+         + tuple(f"parity_block_{config}" for config in BLOCK_PARITY_CONFIGS)
+         + ("parity_block_hand_checked",) + BLOCK_FAST_CASES)
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -186,6 +187,27 @@ def _block_workload(config_name: str, cfg: LogitsConfig):
     return w
 
 
+def _hand_checked_block_workload():
+    """test_prob_reference.py's hand-checked block draws as logits (log p, T = 1), where random workloads
+    rarely tell one rule detail from another: (0) τ = 1 with w_1 = 0.4, where the weighted residual races
+    to token 1 and the unweighted one would race to 0; (1) a block kept although its first draft fails
+    token-wise; (2) no draft kept (h_1 = 0)."""
+    import torch
+
+    from sdbench.ops.prob_verify_logits.workload import logits_workload_from_probs
+
+    sys.path.insert(0, str(REPO / "tests" / "ops" / "prob_verify"))
+    from test_prob_reference import P_ROWS, Q_UNIFORM
+
+    skewed = [0.05, 0.05, 0.45, 0.45]
+    return logits_workload_from_probs(
+        draft_tokens=torch.tensor([[1, 2], [1, 0], [1, 0]]),
+        target_probs=torch.tensor([P_ROWS] * 3),
+        draft_probs=torch.tensor([[Q_UNIFORM, skewed], [Q_UNIFORM, Q_UNIFORM], [Q_UNIFORM, Q_UNIFORM]]),
+        uniforms=torch.tensor([[0.2, 0.5], [0.5, 0.1], [0.5, 0.2]]),
+        exponential_noise=torch.tensor([[0.01, 1.0, 1.0, 1.0], [1.0, 1.0, 0.1, 1.0], [1.0, 1.0, 0.1, 1.0]]))
+
+
 def _run_block_cases(record, snapshot) -> None:
     import torch
 
@@ -197,6 +219,7 @@ def _run_block_cases(record, snapshot) -> None:
     fused = registry.get("prob_verify_logits", "fused_logits")
     for config_name, cfg in BLOCK_PARITY_CONFIGS.items():
         record(f"parity_block_{config_name}", lambda w=_block_workload(config_name, cfg): check(fused, w))
+    record("parity_block_hand_checked", lambda: check(fused, _hand_checked_block_workload()))
 
     fast = make_logits_workload(LogitsConfig(3, 3, vocab_size=64, rule="block", seed=21)).with_randomness("fast", 2)
 
