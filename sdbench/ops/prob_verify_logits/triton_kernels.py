@@ -1,4 +1,5 @@
-"""Triton kernels for verification from logits (token rule) and their launchers.
+"""Triton kernels for verification from logits (the token rule; block verification in fused_logits) and
+their launchers.
 
 Two designs, both equal to `reference.prob_verify_logits` on supplied randomness (up to near-ties at
 float32 rounding, see reference.py):
@@ -17,6 +18,17 @@ float32 rounding, see reference.py):
      k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with the row-k
      normalisers, and folds its best race key w/E into best[b] with a 64-bit atomic max; the last
      program to arrive writes the outputs (greedy targets skip the row: next = argmax of row k).
+- fused_logits with rule="block" (Sun et al., reference.block_stop; 3 launches, 2 when γ = 1). The
+  dependency: h_i needs r_i = Σ_x max(0, w_i·p_i(x) - q_i(x)) at every i < γ, a sum over whole rows
+  that needs the normalisers (pass 1) and w_i (the ratios at the draft tokens, 2γ gathered logits), and
+  τ needs every h_i. So the logits are read twice, the least the rule allows: pass 1 as above; then
+  `_block_mass_kernel`, grid (B·(γ-1), splits), one partial of r_i per program (target and draft row i,
+  rows 1..γ-1 only; a greedy target row needs none); then `_logits_race_kernel` with RULE="block":
+  each program sums the partials in a fixed order (deterministic), takes τ = the largest i with
+  η_i < h_i, and races over its chunk of max(0, w_τ·p_τ - q_τ) (p_γ at τ = γ) exactly as the token
+  race does at k. The race keys are not drawn in the mass pass for every candidate row (γ-1 rows of
+  Philox draws and divisions per column would make it compute-bound): row τ is read again, as row k is.
+  RULE is a constexpr: the token path compiles to the same code as before the block rule existed.
 - vllm_v2_style (the peer, 4 launches): the multi-kernel design described for vLLM's model runner v2
   rejection sampler (vllm/v1/worker/gpu/sample: block max / sum-exp over vocabulary tiles, a
   per-request accept scan, a Gumbel-max resample of the rejected row), re-implemented here from that
@@ -167,10 +179,12 @@ def _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_ma
                        stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
                        GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
                        PRECISE_MATH: tl.constexpr):
-    """(p_i(x_i), q_i(x_i), the draft tokens x_i, bad) over positions [GAMMA_PAD], from 2γ gathered logits.
+    """(p_i(x_i), q_i(x_i), the draft tokens x_i, which of them are outside [0, V)) over positions
+    [GAMMA_PAD], from 2γ gathered logits.
 
-    A token outside [0, V) is never read through: its p = q = 0 (so it is rejected) and bad = 1, the
-    input contract's TOKEN_OUT_OF_RANGE (sdbench.ops.input_contract), as in prob_verify's kernels."""
+    A token outside [0, V) is never read through: its p = q = 0 (so it is rejected) and the sequence is
+    flagged (`_any_bad`), the input contract's TOKEN_OUT_OF_RANGE (sdbench.ops.input_contract), as in
+    prob_verify's kernels."""
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=in_draft, other=0).to(tl.int64)
@@ -187,8 +201,13 @@ def _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_ma
                      tokens == _pick_rows(row_arg, draft_rows, R_PAD), PRECISE_MATH)
     p = tl.where(in_vocab, p, 0.0)
     q = tl.where(in_vocab, q, 0.0)
-    bad = tl.max((in_draft & ~in_vocab).to(tl.int32), axis=0)
-    return p, q, tokens, bad
+    return p, q, tokens, in_draft & ~in_vocab
+
+
+@triton.jit
+def _any_bad(out_of_vocab):
+    """1 where a draft token of the sequence is outside [0, V), else 0 (reduced last: off the scan's path)."""
+    return tl.max(out_of_vocab.to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -198,16 +217,16 @@ def _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab
                  GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
                  PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
     """(k, the draft tokens [GAMMA_PAD], bad): k is the first position i with !(u_i·q_i(x_i) < p_i(x_i))."""
-    p, q, tokens, bad = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max, row_sum,
-                                           row_arg, inverse_t, inverse_d, greedy_t, greedy_d, stride_tok_b,
-                                           stride_p_b, stride_p_row, stride_q_b, stride_q_row,
-                                           GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
+    p, q, tokens, out_of_vocab = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max,
+                                                    row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d,
+                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+                                                    GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     u = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
     rejected = in_draft & ~(u * q < p)
     k = tl.min(tl.where(rejected, positions, GAMMA), axis=0)
-    return k, tokens, bad
+    return k, tokens, _any_bad(out_of_vocab)
 
 
 # --- block verification (RULE="block"): weights, residual masses, the stop --------------------------
@@ -240,10 +259,10 @@ def _block_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, mass_ptr,
     r_i (i = 1..γ-1) is the fixed-order sum of the mass_splits partials `_block_mass_kernel` left at
     mass_ptr[(b·(γ-1) + i-1)·mass_splits + s]; h_i = r_i / (r_i + (1 - w_i)) (1 where that is 0/0),
     h_γ = w_γ; τ = the largest i with η_i < h_i (η_i = the accept uniform of position i-1), else 0."""
-    p, q, tokens, bad = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max, row_sum,
-                                           row_arg, inverse_t, inverse_d, greedy_t, greedy_d, stride_tok_b,
-                                           stride_p_b, stride_p_row, stride_q_b, stride_q_row,
-                                           GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
+    p, q, tokens, out_of_vocab = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max,
+                                                    row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d,
+                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+                                                    GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
     weights = _block_weights(p, q, GAMMA, GAMMA_PAD)
     positions = tl.arange(0, GAMMA_PAD)
     parts = tl.arange(0, MASS_PAD)[None, :]
@@ -258,7 +277,7 @@ def _block_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, mass_ptr,
     eta = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
     stop = tl.max(tl.where(in_draft & (eta < h), positions + 1, 0), axis=0)
     stop_weight = tl.where(stop > 0, _pick(weights, stop - 1, GAMMA_PAD), 1.0)
-    return stop, tokens, bad, stop_weight
+    return stop, tokens, _any_bad(out_of_vocab), stop_weight
 
 
 @triton.jit
@@ -281,7 +300,9 @@ def _block_mass_kernel(
     logit (near-ties of η_i against h_i are the reference's float32-rounding tolerance).
     Registers: one TILE of target and one of draft logits (16 + 16 per thread at 4 warps)."""
     row = tl.program_id(0)
-    split = tl.program_id(1)
+    # splits in reverse: pass 1 dispatched split 0 of every row first, so the columns it streamed last are
+    # the ones still in L2 when this pass's first wave starts (predicted to save part of a 50 MB L2's worth)
+    split = mass_splits - 1 - tl.program_id(1)
     b = (row // (GAMMA - 1)).to(tl.int64)
     i = row % (GAMMA - 1) + 1
     temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)

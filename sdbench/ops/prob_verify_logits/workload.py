@@ -207,6 +207,8 @@ def design_bytes(cfg: LogitsConfig, design: str, randomness: str = "fast") -> di
 
     - `fused_logits` (sdbench, 2 launches): every logit once; then at the stopping row k the target
       row and (below γ) the draft row again (2 rows per sequence, worst case), plus supplied noise.
+      With cfg.rule "block" the residual-mass pass reads target and draft rows 1..γ-1 again for every
+      request whose target temperature is > 0 (a greedy target needs no mass).
     - `vllm_v2_style` (4 launches): the same logit reads, plus the per-block partials written and read
       back and the per-block race winners (small).
     - `softmax_then_prob` (eager, FlashInfer, prob `fused`): the logits read, float32 probabilities
@@ -217,7 +219,9 @@ def design_bytes(cfg: LogitsConfig, design: str, randomness: str = "fast") -> di
     row_bytes = vocab * cfg.element_bytes
     noise = batch * vocab * 4 + batch * gamma * 4 if randomness == "supplied" else 0
     if design == "fused_logits":
-        return {"read": floor + batch * 2 * row_bytes + noise, "written": 0}
+        sampled = sum(1 for b in range(batch) if cfg.temperatures[b % len(cfg.temperatures)] > 0)
+        mass = sampled * 2 * (gamma - 1) * row_bytes if cfg.rule == "block" else 0
+        return {"read": floor + mass + batch * 2 * row_bytes + noise, "written": 0}
     if design == "vllm_v2_style":
         partials = batch * (2 * gamma + 1) * -(-vocab // VLLM_BLOCK) * 12
         return {"read": floor + batch * 2 * row_bytes + noise + partials, "written": partials}
