@@ -54,7 +54,7 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
     timings = measure(runs, device, TimingOptions(warmup=5, iters=30, gpu_iters=20, cold_l2=cold_l2, views=views))
     rows = []
     for name in list(runs) + list(reasons):
-        row = {"design": name, "batch": cfg.batch_size, "gamma": cfg.gamma, "vocab": cfg.vocab_size,
+        row = {"design": name, "rule": cfg.rule, "batch": cfg.batch_size, "gamma": cfg.gamma, "vocab": cfg.vocab_size,
                "dtype": cfg.logits_dtype, "l2": "cold" if cold_l2 else "warm", "floor_bytes": floor_bytes,
                "floor_us": round(floor_us, 2), "reason": reasons.get(name, "")}
         moved = design_bytes(cfg, BYTES_DESIGN.get(name, "softmax_then_prob"))
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tbps", type=float, default=3.0)
     parser.add_argument("--views", default="gpu", help="comma list of gpu, graph, wall")
     parser.add_argument("--rule", default="token", choices=("token", "block"),
-                        help="acceptance rule timed (block: torch_eager only; the kernels give their reason)")
+                        help="acceptance rule timed (block: fused_logits and torch_eager; the peers give their reason)")
     parser.add_argument("--b", default=None, help="comma list: only these batch sizes of the grid")
     parser.add_argument("--gamma", default=None, help="comma list: only these γ of the grid")
     parser.add_argument("--vocab", default=None, help="comma list: only these vocabulary sizes of the grid")

@@ -8,7 +8,8 @@ never stale. Nothing on the hot path reads them: a caller that wants an exceptio
 
 - prob_verify: TOKEN_OUT_OF_RANGE where a draft token is outside [0, V). Such a token has p = q = 0
   by definition: it is rejected at its position (so it never reaches output_tokens), its accept_prob
-  is 0, and the next token is drawn at the first rejection as usual.
+  is 0, and the next token is drawn at the first rejection as usual. Under the block rule (prob_verify's
+  and prob_verify_logits' rule="block") its weight is 0 from that position on, so the block stops before it.
 - pack: LENGTH_OUT_OF_RANGE where an accepted length is outside [0, γ]. The length is clamped to
   [0, γ] for the offsets and the copy alike.
 """

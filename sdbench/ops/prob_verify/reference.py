@@ -6,7 +6,11 @@ import torch
 
 from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE
 
-# --- prob_verify: probabilistic (Leviathan) verification ---------------------------------------
+# --- prob_verify: probabilistic verification, two acceptance rules ------------------------------
+# rule "token" (the default): Leviathan's token-wise rule, below. rule "block": Sun et al., "Block
+# Verification Accelerates Speculative Decoding" (ICLR 2025), see `block_stop`: the same gathers of
+# p and q at the draft tokens, another stopping position, and the race at the stop over a residual
+# whose target row is scaled by the block weight. Both emit tokens distributed exactly as p.
 # Outputs: accepted_lengths int64 [B], next_tokens [B] and output_tokens [B, γ+1] (token dtype; the
 # accepted drafts, then the next token, then -1), error_flags int32 [B] (see 'Bad tokens' below).
 # With intermediates=True also accept_probs float32 [B, γ] = min(1, p(x)/q(x)) at each draft token
@@ -30,7 +34,9 @@ from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE
 # Bad tokens (sdbench.ops.input_contract): a draft token outside [0, V) has p = q = 0 there, so it
 # is rejected at its position, its accept_prob is 0, and error_flags[b] gets TOKEN_OUT_OF_RANGE. The
 # outputs stay defined (the race at the first rejection reads whole rows, never a token's column).
+# Under the block rule p = q = 0 makes the weight 0 from that position on, so the block stops before it.
 
+RULES = ("token", "block")  # Leviathan's token-wise acceptance; Sun et al.'s block verification
 PROB_FLOAT_INTERMEDIATES = ("accept_probs",)
 PROB_FLOAT_ATOL = {"float32": 1e-5, "bfloat16": 1e-3}  # max |kernel - reference| per input dtype
 
@@ -82,6 +88,41 @@ def prob_accept_probs(target_at_draft: torch.Tensor, draft_at_draft: torch.Tenso
     return torch.where(draft_at_draft > 0, ratio, (target_at_draft > 0).to(ratio.dtype))
 
 
+def block_stop(target_at_draft: torch.Tensor, draft_at_draft: torch.Tensor, target_rows, draft_rows,
+               uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification's stopping position τ (int64 [B]) and weight w_τ (Sun et al. 2025, Algorithm 2).
+
+    p_i(x_i), q_i(x_i) [B, γ] at the draft tokens (0 where a token is out of range), target_rows(i) and
+    draft_rows(i) the decoded rows p_i, q_i [B, V] (only i = 1..γ-1 are read), η_i = uniforms[:, i-1]
+    for i = 1..γ. With w_0 = 1:
+        w_i = min(1, w_{i-1} · p_{i-1}(x_{i-1}) / q_{i-1}(x_{i-1}))   (p/q := +inf where q = 0 < p, 0 where
+              both are 0; a NaN product, 0 · inf, is 0)
+        r_i = Σ_x max(0, w_i·p_i(x) - q_i(x))                        (i < γ)
+        h_i = r_i / (r_i + (1 - w_i))  (i < γ; 1 where that denominator is 0),  h_γ = w_γ
+        τ = the largest i in 1..γ with η_i < h_i, else 0 (every position is tested; none ends the block).
+    The τ drafts are kept and the next token is raced over max(0, w_τ·p_τ - q_τ) (over p_γ when τ = γ).
+    """
+    batch, gamma = target_at_draft.shape
+    dtype, device = target_at_draft.dtype, target_at_draft.device
+    positive_q = draft_at_draft > 0
+    ratio = torch.where(positive_q, target_at_draft / torch.where(positive_q, draft_at_draft, 1.0),
+                        torch.where(target_at_draft > 0, torch.inf, 0.0).to(dtype))
+    weight = torch.ones(batch, dtype=dtype, device=device)
+    weights = [weight]
+    stop = torch.zeros(batch, dtype=torch.int64, device=device)
+    for i in range(1, gamma + 1):
+        weight = (weight * ratio[:, i - 1]).clamp(max=1.0).nan_to_num(nan=0.0)
+        weights.append(weight)
+        if i < gamma:
+            residual = (weight[:, None] * target_rows(i) - draft_rows(i)).clamp_min(0).sum(dim=1)
+            denominator = residual + (1 - weight)
+            h = torch.where(denominator > 0, residual / torch.where(denominator > 0, denominator, 1.0), 1.0)
+        else:
+            h = weight
+        stop = torch.where(uniforms[:, i - 1].to(dtype) < h, i, stop)
+    return stop, torch.stack(weights, dim=1).gather(1, stop[:, None]).squeeze(1)
+
+
 def prob_verify(
     draft_tokens: torch.Tensor,
     target_probs: torch.Tensor,
@@ -89,17 +130,21 @@ def prob_verify(
     uniforms: torch.Tensor,
     exponential_noise: torch.Tensor,
     *,
+    rule: str = "token",
     logprobs: bool = False,
     intermediates: bool = False,
     compute_dtype: torch.dtype = torch.float32,
 ) -> dict[str, torch.Tensor]:
-    """Leviathan rejection sampling in eager PyTorch: the definition and the `torch_eager` peer.
+    """Probabilistic verification in eager PyTorch: the definition and the `torch_eager` peer.
 
     draft_tokens [B, γ]; target_probs p [B, γ+1, V]; draft_probs q [B, γ, V] (probabilities, or
-    log-probs when logprobs); uniforms [B, γ]; exponential_noise [B, V]. Arithmetic in
-    compute_dtype (float32, even for bfloat16 inputs). Sync-free: V is swept at row k only.
+    log-probs when logprobs); uniforms [B, γ]; exponential_noise [B, V]. rule "token" (Leviathan) or
+    "block" (Sun et al., `block_stop`). Arithmetic in compute_dtype (float32, even for bfloat16 inputs).
+    Sync-free: the token rule sweeps V at row k only, the block rule at rows 1..γ-1 and k.
     Also returns error_flags int32 [B] (sdbench.ops.input_contract): it never raises on bad tokens.
     """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
     batch, gamma = draft_tokens.shape
     vocab = target_probs.shape[2]
 
@@ -112,13 +157,21 @@ def prob_verify(
     zero = torch.zeros((), dtype=compute_dtype, device=draft_tokens.device)
     target_at_draft = torch.where(in_range, decode(target_probs[:, :gamma].gather(2, tokens).squeeze(2)), zero)
     draft_at_draft = torch.where(in_range, decode(draft_probs.gather(2, tokens).squeeze(2)), zero)
-    accepted = uniforms.to(compute_dtype) * draft_at_draft < target_at_draft
-    accepted_lengths = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    if rule == "block":
+        accepted_lengths, stop_weight = block_stop(target_at_draft, draft_at_draft,
+                                                   lambda i: decode(target_probs[:, i]),
+                                                   lambda i: decode(draft_probs[:, i]), uniforms)
+    else:
+        accepted = uniforms.to(compute_dtype) * draft_at_draft < target_at_draft
+        accepted_lengths = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
     row = accepted_lengths[:, None, None].expand(batch, 1, vocab)
     target_row = decode(target_probs.gather(1, row).squeeze(1))
+    has_draft = (accepted_lengths < gamma)[:, None]
     draft_row = decode(draft_probs.gather(1, row.clamp(max=gamma - 1)).squeeze(1))
-    draft_row = torch.where((accepted_lengths < gamma)[:, None], draft_row, torch.zeros_like(draft_row))
+    draft_row = torch.where(has_draft, draft_row, torch.zeros_like(draft_row))
+    if rule == "block":  # the block rule's residual max(0, w_τ·p_τ - q_τ); the bonus row is p_γ as it is
+        target_row = torch.where(has_draft, stop_weight[:, None] * target_row, target_row)
     next_tokens = prob_race(target_row, draft_row, exponential_noise.to(compute_dtype)).to(draft_tokens.dtype)
 
     outputs = {
@@ -127,7 +180,7 @@ def prob_verify(
         "output_tokens": prob_output_tokens(draft_tokens, accepted_lengths, next_tokens),
         "error_flags": draft_token_errors(draft_tokens, vocab),
     }
-    if intermediates:
+    if intermediates:  # the token rule's accept probability (both rules: a property of p, q at the drafts)
         outputs["accept_probs"] = prob_accept_probs(target_at_draft, draft_at_draft).float()
     return outputs
 
@@ -139,6 +192,7 @@ def prob_verify_float64(
     uniforms: torch.Tensor,
     exponential_noise: torch.Tensor,
     *,
+    rule: str = "token",
     logprobs: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The same definition in float64 on the CPU: the yardstick for float tolerances.
@@ -147,4 +201,4 @@ def prob_verify_float64(
     top two race keys within float32 rounding), which has probability ~1e-7 per draw.
     """
     cpu = [t.cpu() for t in (draft_tokens, target_probs, draft_probs, uniforms, exponential_noise)]
-    return prob_verify(*cpu, logprobs=logprobs, intermediates=True, compute_dtype=torch.float64)
+    return prob_verify(*cpu, rule=rule, logprobs=logprobs, intermediates=True, compute_dtype=torch.float64)

@@ -11,9 +11,10 @@ __all__ = ["allocate_outputs", "draw_torch_randomness", "warm_up", "token_rule_o
 
 
 def token_rule_only(cfg: LogitsConfig) -> str | None:
-    """`supports` of the token-rule kernels: block verification runs in `torch_eager` only."""
+    """`supports` of the token-rule designs: block verification runs in `fused_logits` and `torch_eager`."""
     if getattr(cfg, "rule", "token") != "token":
-        return f"implements the token rule only (rule={cfg.rule!r}: use torch_eager for block verification)"
+        return (f"implements the token rule only (rule={cfg.rule!r}: use fused_logits, or torch_eager, for block "
+                "verification)")
     return None
 
 

@@ -1,6 +1,6 @@
 """prob_verify_logits in PyTorch: the eager reference (softmax, then the probability rule) as a peer.
 
-It runs both rules (config.rule: token | block); it is the only block-verification implementation.
+It runs both rules (config.rule: token | block), as `fused_logits` does.
 """
 
 from __future__ import annotations

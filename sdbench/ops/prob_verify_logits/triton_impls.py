@@ -1,5 +1,6 @@
-"""prob_verify_logits in Triton: sdbench's two-launch `fused_logits`, the `vllm_v2_style` multi-kernel
-peer, and `softmax_fused_prob` (the softmax a caller runs, then sdbench's probability `fused`).
+"""prob_verify_logits in Triton: sdbench's two-launch `fused_logits` (both rules: token and block), the
+`vllm_v2_style` multi-kernel peer, and `softmax_fused_prob` (the softmax a caller runs, then sdbench's
+probability `fused`); the peers run the token rule only.
 Kernels in sdbench.ops.prob_verify_logits.triton_kernels, imported lazily (in prepare)."""
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def _inputs(w: LogitsWorkload):
 
 def _prepare_fused_logits(w: LogitsWorkload):
     outputs = allocate_outputs(w)
-    launch = _triton().fused_logits_launcher(_inputs(w), outputs, w.randomness == "fast", w.seed, w.offset)
+    launch = _triton().fused_logits_launcher(_inputs(w), outputs, w.randomness == "fast", w.seed, w.offset,
+                                             rule=w.config.rule)
     return warm_up(BufferedRun(launch, outputs), w)
 
 
@@ -77,8 +79,9 @@ def _prepare_softmax_fused_prob(w: LogitsWorkload):
 register(Implementation(
     op="prob_verify_logits", name="fused_logits", backend="triton", devices=ANY_DEVICE, probe=_triton_probe,
     launch_path="triton_bound",
-    supports=token_rule_only, launches=2,
-    description="sdbench: one stream over every logit (row max/Σexp partials), then scan + split race at row k",
+    launches=2,  # the token rule; the block rule adds its residual-mass pass (3 when γ > 1)
+    description="sdbench: one stream over every logit (row max/Σexp partials), then scan + split race at row k "
+                "(rule=block: a second stream for the residual masses r_i between them)",
     prepare=_prepare_fused_logits,
 ))
 register(Implementation(

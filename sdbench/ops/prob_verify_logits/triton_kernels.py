@@ -1,4 +1,5 @@
-"""Triton kernels for verification from logits (token rule) and their launchers.
+"""Triton kernels for verification from logits (the token rule; block verification in fused_logits) and
+their launchers.
 
 Two designs, both equal to `reference.prob_verify_logits` on supplied randomness (up to near-ties at
 float32 rounding, see reference.py):
@@ -17,6 +18,17 @@ float32 rounding, see reference.py):
      k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with the row-k
      normalisers, and folds its best race key w/E into best[b] with a 64-bit atomic max; the last
      program to arrive writes the outputs (greedy targets skip the row: next = argmax of row k).
+- fused_logits with rule="block" (Sun et al., reference.block_stop; 3 launches, 2 when γ = 1). The
+  dependency: h_i needs r_i = Σ_x max(0, w_i·p_i(x) - q_i(x)) at every i < γ, a sum over whole rows
+  that needs the normalisers (pass 1) and w_i (the ratios at the draft tokens, 2γ gathered logits), and
+  τ needs every h_i. So the logits are read twice, the least the rule allows: pass 1 as above; then
+  `_block_mass_kernel`, grid (B·(γ-1), splits), one partial of r_i per program (target and draft row i,
+  rows 1..γ-1 only; a greedy target row needs none); then `_logits_race_kernel` with RULE="block":
+  each program sums the partials in a fixed order (deterministic), takes τ = the largest i with
+  η_i < h_i, and races over its chunk of max(0, w_τ·p_τ - q_τ) (p_γ at τ = γ) exactly as the token
+  race does at k. The race keys are not drawn in the mass pass for every candidate row (γ-1 rows of
+  Philox draws and divisions per column would make it compute-bound): row τ is read again, as row k is.
+  RULE is a constexpr: the token path compiles to the same code as before the block rule existed.
 - vllm_v2_style (the peer, 4 launches): the multi-kernel design described for vLLM's model runner v2
   rejection sampler (vllm/v1/worker/gpu/sample: block max / sum-exp over vocabulary tiles, a
   per-request accept scan, a Gumbel-max resample of the rejected row), re-implemented here from that
@@ -162,15 +174,17 @@ def _probability(logit, inverse, row_max, row_sum, greedy, is_argmax, PRECISE_MA
 
 
 @triton.jit
-def _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
-                 inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
-                 stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
-                 GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
-                 PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
-    """(k, the draft tokens [GAMMA_PAD], bad): k is the first position i with !(u_i·q_i(x_i) < p_i(x_i)).
+def _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max, row_sum, row_arg,
+                       inverse_t, inverse_d, greedy_t, greedy_d,
+                       stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+                       GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
+                       PRECISE_MATH: tl.constexpr):
+    """(p_i(x_i), q_i(x_i), the draft tokens x_i, which of them are outside [0, V)) over positions
+    [GAMMA_PAD], from 2γ gathered logits.
 
-    A token outside [0, V) is never read through: its p = q = 0 (so it is rejected) and bad = 1, the
-    input contract's TOKEN_OUT_OF_RANGE (sdbench.ops.input_contract), as in prob_verify's kernels."""
+    A token outside [0, V) is never read through: its p = q = 0 (so it is rejected) and the sequence is
+    flagged (`_any_bad`), the input contract's TOKEN_OUT_OF_RANGE (sdbench.ops.input_contract), as in
+    prob_verify's kernels."""
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=in_draft, other=0).to(tl.int64)
@@ -187,20 +201,155 @@ def _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab
                      tokens == _pick_rows(row_arg, draft_rows, R_PAD), PRECISE_MATH)
     p = tl.where(in_vocab, p, 0.0)
     q = tl.where(in_vocab, q, 0.0)
+    return p, q, tokens, in_draft & ~in_vocab
+
+
+@triton.jit
+def _any_bad(out_of_vocab):
+    """1 where a draft token of the sequence is outside [0, V), else 0 (reduced last: off the scan's path)."""
+    return tl.max(out_of_vocab.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
+                 inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
+                 stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+                 GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
+                 PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """(k, the draft tokens [GAMMA_PAD], bad): k is the first position i with !(u_i·q_i(x_i) < p_i(x_i))."""
+    p, q, tokens, out_of_vocab = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max,
+                                                    row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d,
+                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+                                                    GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
+    positions = tl.arange(0, GAMMA_PAD)
+    in_draft = positions < GAMMA
     u = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
     rejected = in_draft & ~(u * q < p)
     k = tl.min(tl.where(rejected, positions, GAMMA), axis=0)
-    bad = tl.max((in_draft & ~in_vocab).to(tl.int32), axis=0)
-    return k, tokens, bad
+    return k, tokens, _any_bad(out_of_vocab)
+
+
+# --- block verification (RULE="block"): weights, residual masses, the stop --------------------------
+@triton.jit
+def _block_weights(p, q, GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr):
+    """[GAMMA_PAD]: position j holds w_{j+1} = min(1, w_j · p_j(x_j) / q_j(x_j)) (w_0 = 1), with p/q := +inf
+    where q = 0 < p, 0 where both are 0, and a NaN product (0 · inf) := 0: reference.block_stop's float32
+    arithmetic, step by step (an IEEE division and one rounding per step, so the weights are bit-exact)."""
+    positive_q = q > 0
+    ratio = tl.where(positive_q, tl.math.div_rn(p, tl.where(positive_q, q, 1.0)),
+                     tl.where(p > 0, float("inf"), 0.0))
+    positions = tl.arange(0, GAMMA_PAD)
+    weights = tl.zeros([GAMMA_PAD], tl.float32)
+    weight = tl.full([], 1.0, tl.float32)
+    for j in tl.static_range(GAMMA):  # a clamped product is no associative scan: γ dependent steps
+        product = weight * _pick(ratio, j, GAMMA_PAD)
+        weight = tl.where(product > 1.0, 1.0, tl.where(product == product, product, 0.0))
+        weights = tl.where(positions == j, weight, weights)
+    return weights
+
+
+@triton.jit
+def _block_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, mass_ptr, b, vocab, mass_splits,
+                row_max, row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
+                stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+                GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, MASS_PAD: tl.constexpr,
+                PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """(τ, the draft tokens [GAMMA_PAD], bad, w_τ): block verification's stop (reference.block_stop).
+
+    r_i (i = 1..γ-1) is the fixed-order sum of the mass_splits partials `_block_mass_kernel` left at
+    mass_ptr[(b·(γ-1) + i-1)·mass_splits + s]; h_i = r_i / (r_i + (1 - w_i)) (1 where that is 0/0),
+    h_γ = w_γ; τ = the largest i with η_i < h_i (η_i = the accept uniform of position i-1), else 0."""
+    p, q, tokens, out_of_vocab = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max,
+                                                    row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d,
+                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+                                                    GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
+    weights = _block_weights(p, q, GAMMA, GAMMA_PAD)
+    positions = tl.arange(0, GAMMA_PAD)
+    parts = tl.arange(0, MASS_PAD)[None, :]
+    has_mass = positions < GAMMA - 1  # position j carries r_{j+1}; h_γ needs none
+    index = (b * (GAMMA - 1) + positions[:, None]) * mass_splits + parts
+    partials = tl.load(mass_ptr + index, mask=has_mass[:, None] & (parts < mass_splits), other=0.0)
+    mass = tl.sum(partials, axis=1)
+    denominator = mass + (1.0 - weights)
+    h = tl.where(denominator > 0, tl.math.div_rn(mass, tl.where(denominator > 0, denominator, 1.0)), 1.0)
+    h = tl.where(has_mass, h, weights)
+    in_draft = positions < GAMMA
+    eta = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
+    stop = tl.max(tl.where(in_draft & (eta < h), positions + 1, 0), axis=0)
+    stop_weight = tl.where(stop > 0, _pick(weights, stop - 1, GAMMA_PAD), 1.0)
+    return stop, tokens, _any_bad(out_of_vocab), stop_weight
+
+
+@triton.jit
+def _block_mass_kernel(
+    draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr,
+    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr,
+    vocab, splits, span, mass_splits, stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    TILE: tl.constexpr, PRECISE_MATH: tl.constexpr,
+):
+    """Block rule, pass 2. Grid (B·(γ-1), mass_splits). Program (row, s), b = row // (γ-1), i = row %
+    (γ-1) + 1: its partial of r_i = Σ_x max(0, w_i·p_i(x) - q_i(x)) over columns [s·span, min((s+1)·span,
+    V)) of target row i and draft row i, TILE at a time, into mass[row·mass_splits + s]. w_i needs the
+    normalisers of rows 0..i-1 and p_i needs row i's: pass 1's partials (L2), so this is the second
+    and last full read of the logits the rule needs. The race keys are not computed here (they would
+    cost a Philox draw and a division per column of γ-1 rows): pass 3 races at τ only.
+    A greedy target row needs no mass and reads nothing: there p ∈ {0, 1} and q <= 1, so every weight is
+    0 or 1, and h_i is 1 where w_i = 1 (r_i / (r_i + 0), or 0/0 := 1) and 0 where w_i = 0, whatever r_i is.
+    The mass is a sum, whose last bits already depend on the order: one fast exp and one multiply per
+    logit (near-ties of η_i against h_i are the reference's float32-rounding tolerance).
+    Registers: one TILE of target and one of draft logits (16 + 16 per thread at 4 warps)."""
+    row = tl.program_id(0)
+    # splits in reverse: pass 1 dispatched split 0 of every row first, so the columns it streamed last are
+    # the ones still in L2 when this pass's first wave starts (predicted to save part of a 50 MB L2's worth)
+    split = mass_splits - 1 - tl.program_id(1)
+    b = (row // (GAMMA - 1)).to(tl.int64)
+    i = row % (GAMMA - 1) + 1
+    temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
+    greedy_t, greedy_d = temperature_t == 0, temperature_d == 0
+    inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
+    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
+                                                GAMMA, R_PAD, SPLITS_PAD)
+    p_at, q_at, _, _ = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max, row_sum,
+                                          row_arg, inverse_t, inverse_d, greedy_t, greedy_d, stride_tok_b,
+                                          stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+                                          GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
+    weight = _pick(_block_weights(p_at, q_at, GAMMA, GAMMA_PAD), i - 1, GAMMA_PAD)
+    max_t, sum_t = _pick(row_max, i, R_PAD), _pick(row_sum, i, R_PAD)
+    draft_index = i + GAMMA + 1
+    max_d, sum_d = _pick(row_max, draft_index, R_PAD), _pick(row_sum, draft_index, R_PAD)
+    arg_d = _pick(row_arg, draft_index, R_PAD)
+    target_row = target_ptr + b * stride_p_b + i * stride_p_row
+    draft_row = draft_ptr + b * stride_q_b + i * stride_q_row
+    start = split * span
+    end = tl.minimum(start + span, vocab)
+    mass = tl.zeros([], tl.float32)
+    if temperature_t != 0:  # see above: a greedy target row keeps r_i = 0
+        target_scale = weight / sum_t  # w·p = w/S_t · exp(z - M_t): one multiply per logit
+        draft_scale = 1.0 / sum_d
+        for tile_start in range(start, end, TILE):
+            cols = tile_start + tl.arange(0, TILE)
+            inside = cols < end
+            z_t = tl.load(target_row + cols, mask=inside, other=float("-inf")).to(tl.float32) * inverse_t
+            z_d = tl.load(draft_row + cols, mask=inside, other=float("-inf")).to(tl.float32) * inverse_d
+            q = tl.exp(z_d - max_d) * draft_scale
+            q = tl.where(greedy_d, tl.where(cols == arg_d, 1.0, 0.0), q)
+            residual = target_scale * tl.exp(z_t - max_t) - q
+            mass += tl.sum(tl.where(inside & (residual > 0), residual, 0.0), axis=0)
+    tl.store(mass_ptr + row * mass_splits + split, mass)
 
 
 @triton.jit
 def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
-              max_t, sum_t, max_d, sum_d, arg_d, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
-    """Packed race keys w/E at cols of row k, w = p - q (q := 0 at the bonus row); -1 where w <= 0."""
+              max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
+              SCALED: tl.constexpr):
+    """Packed race keys w/E at cols of row k, w = p - q (q := 0 at the bonus row); -1 where w <= 0.
+    SCALED (the block rule): w = target_scale·p - q, target_scale = w_τ below γ and 1 at the bonus row."""
     inside = cols < vocab
     z_t = tl.load(target_row + cols, mask=inside, other=float("-inf")).to(tl.float32) * inverse_t
     p = tl.math.div_rn(_exp(z_t - max_t, PRECISE_MATH), sum_t)
+    if SCALED:
+        p = target_scale * p
     draft_inside = cols < tl.where(has_draft, vocab, 0)
     z_d = tl.load(draft_row + cols, mask=draft_inside, other=float("-inf")).to(tl.float32) * inverse_d
     q = tl.math.div_rn(_exp(z_d - max_d, PRECISE_MATH), sum_d)
@@ -241,19 +390,23 @@ def _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, t
     tl.store(accepted_lengths_ptr + b, k.to(tl.int64))
 
 
-# --- pass 2 (fused_logits): scan + split race + atomic combine ---------------------------------
+# --- the race pass (fused_logits): scan + split race + atomic combine ---------------------------
 @triton.jit(do_not_specialize=["seed", "offset"])
 def _logits_race_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
-    stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
+    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr,
-    seed, offset, vocab, splits, chunks,
+    seed, offset, vocab, splits, mass_splits, chunks,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
-    ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
+    MASS_PAD: tl.constexpr, ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
+    RULE: tl.constexpr,
 ):
     """Grid (B, chunks); program (b, c) owns columns [c·4·ROWS, (c+1)·4·ROWS) of the stopping row.
-    best_ptr (int64 [B]) and arrivals_ptr (int32 [B]) start zeroed and are left zeroed."""
+    best_ptr (int64 [B]) and arrivals_ptr (int32 [B]) start zeroed and are left zeroed.
+    RULE "token": the stop is the first rejection (mass_ptr is not read). RULE "block": the stop τ and
+    w_τ from the draft-token ratios and the residual masses at mass_ptr (`_block_scan`), and the race
+    over max(0, w_τ·p_τ - q_τ). A constexpr: the token path compiles as if the block rule did not exist."""
     b = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * (4 * ROWS)
     cols = _chunk_columns(start, ROWS)
@@ -264,20 +417,30 @@ def _logits_race_kernel(
     inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
     row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
                                                 GAMMA, R_PAD, SPLITS_PAD)
-    k, tokens, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum,
-                                  row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
-                             stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
-                             GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+    if RULE == "block":
+        k, tokens, bad, stop_weight = _block_scan(
+            draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, mass_ptr, b, vocab, mass_splits, row_max,
+            row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
+            stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+            GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, PRECISE_MATH, FAST)
+    else:
+        k, tokens, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max,
+                                      row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
+                                      stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+                                      GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+        stop_weight = 1.0
     has_draft = k < GAMMA
     draft_k = tl.minimum(k, GAMMA - 1)
     max_t, sum_t = _pick(row_max, k, R_PAD), _pick(row_sum, k, R_PAD)
     target_row = target_ptr + b * stride_p_b + k * stride_p_row
     if temperature_t != 0:  # a greedy target's next token is the argmax of row k: no race, no row read
         noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
+        # block: at τ < γ the target row is scaled by w_τ; the bonus row (τ = γ) is p_γ as it is
         keys, _ = _row_keys(target_row, draft_ptr + b * stride_q_b + draft_k * stride_q_row, noise, cols, vocab,
                             has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t,
                             _pick(row_max, draft_k + GAMMA + 1, R_PAD), _pick(row_sum, draft_k + GAMMA + 1, R_PAD),
-                            _pick(row_arg, draft_k + GAMMA + 1, R_PAD), PRECISE_MATH, FAST)
+                            _pick(row_arg, draft_k + GAMMA + 1, R_PAD), tl.where(has_draft, stop_weight, 1.0),
+                            PRECISE_MATH, FAST, RULE == "block")
         tl.atomic_max(best_ptr + b, tl.max(tl.max(keys, axis=1), axis=0), sem="relaxed")
     arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
     if arrived == chunks - 1:
@@ -356,7 +519,8 @@ def _vllm_resample_kernel(
             noise = _race_noise(noise_ptr + b * stride_e_b, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH,
                                 FAST)
             keys, _ = _row_keys(target_row, draft_row, noise, cols, vocab, k < GAMMA, inverse_t, inverse_d,
-                                temperature_d == 0, max_t, sum_t, max_d, sum_d, arg_d, PRECISE_MATH, FAST)
+                                temperature_d == 0, max_t, sum_t, max_d, sum_d, arg_d, 1.0, PRECISE_MATH, FAST,
+                                False)
             best = tl.maximum(best, keys)
     tl.store(block_best_ptr + b * blocks + block, tl.max(tl.max(best, axis=1), axis=0))
 
@@ -436,7 +600,11 @@ def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE) ->
 
 
 def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device) -> StatsPlan:
-    rows = batch * (2 * gamma + 1)
+    return default_row_plan(batch * (2 * gamma + 1), vocab, device)
+
+
+def default_row_plan(rows: int, vocab: int, device: torch.device) -> StatsPlan:
+    """The split of `rows` streamed rows (pass 1's logits rows, the block rule's row pairs) that fills the machine."""
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         return stats_plan(rows, vocab, STATS_PROGRAMS_PER_SM * sms)
@@ -467,8 +635,10 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
 
 
 def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int = 0,
-                          offset: int = 0, stats_plan_: StatsPlan | None = None):
-    """Two launches (stats, race) into outputs; scratch allocated here, once."""
+                          offset: int = 0, stats_plan_: StatsPlan | None = None, rule: str = "token",
+                          mass_plan: StatsPlan | None = None):
+    """Two launches (stats, race) into outputs; the block rule adds the residual-mass pass between them
+    when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here, once."""
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device)
@@ -476,22 +646,34 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     stats = allocate_stats(batch, gamma, plan.splits, device)
     best = torch.zeros(batch, dtype=torch.int64, device=device)
     arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
-    stats_launch = _stats_launch(t, stats, plan)
+    launches = [_stats_launch(t, stats, plan)]
+    pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
+                SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=_precise_math(device))
+    mass_rows = batch * (gamma - 1) if rule == "block" else 0
+    mass_plan = mass_plan or (default_row_plan(mass_rows, vocab, device) if mass_rows else StatsPlan(span=vocab, splits=1))
+    mass = torch.empty(max(1, mass_rows * mass_plan.splits), dtype=torch.float32, device=device)
+    if mass_rows:
+        mass_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
+                     mass, vocab, plan.splits, mass_plan.span, mass_plan.splits, t.draft_tokens.stride(0),
+                     t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
+                     t.draft_logits.stride(1))
+        mass_meta = dict(pads, TILE=TILE, num_warps=STATS_WARPS if not INTERPRETED else 1)
+        launches.append(BoundLaunch(_block_mass_kernel, (mass_rows, mass_plan.splits), mass_args, mass_meta, device))
     args = (
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
-        t.exponential_noise, *stats, outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"],
-        outputs["error_flags"], best, arrivals, seed, _offset(offset), vocab, plan.splits, race.splits,
-        t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
-        t.draft_logits.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0), outputs["output_tokens"].stride(0),
+        t.exponential_noise, *stats, mass, outputs["accepted_lengths"], outputs["next_tokens"],
+        outputs["output_tokens"], outputs["error_flags"], best, arrivals, seed, _offset(offset), vocab, plan.splits,
+        mass_plan.splits, race.splits, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
+        t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0),
+        outputs["output_tokens"].stride(0),
     )
-    meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
-                SPLITS_PAD=triton.next_power_of_2(plan.splits), ROWS=race.rows, PRECISE_MATH=_precise_math(device),
-                FAST=fast, num_warps=race.num_warps)
-    race_launch = BoundLaunch(_logits_race_kernel, (batch, race.splits), args, meta, device)
+    meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, FAST=fast, RULE=rule,
+                num_warps=race.num_warps)
+    launches.append(BoundLaunch(_logits_race_kernel, (batch, race.splits), args, meta, device))
 
     def launch() -> None:
-        stats_launch()
-        race_launch()
+        for step in launches:
+            step()
 
     launch.scratch = (best, arrivals)  # tests check they are left zeroed
     return launch

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from sdbench.errors import SdbenchError
+from sdbench.ops.prob_verify.reference import RULES
 from sdbench.ops.prob_verify.workload import PROB_LOGIT_SCALE, RANDOMNESS_MODES
 from sdbench.ops.workload import PROB_DTYPES, TOKEN_DTYPES
 
-RULES = ("token", "block")  # Leviathan token-wise acceptance; Sun et al.'s block verification
 MIXED_TEMPERATURES = (0.0, 0.7, 1.0, 1.3)  # greedy and sampled requests in one batch
 
 
@@ -158,6 +158,29 @@ def logits_workload_from_logits(target_logits: torch.Tensor, draft_logits: torch
     return _finish_logits_workload(cfg, target, draft, draft_tokens, temperature, gen)
 
 
+def logits_workload_from_probs(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                               uniforms: torch.Tensor, exponential_noise: torch.Tensor, *, rule: str = "block",
+                               logprobs: bool = False, logits_dtype: str = "float32") -> LogitsWorkload:
+    """The from-logits step over given probabilities p [B, γ+1, V] and q [B, γ, V] (log-probs when
+    logprobs): logits = log p at temperature 1, since softmax(log p) = p — how a probability caller
+    reaches a from-logits rule (block verification runs in `fused_logits`, not in prob `fused`), and
+    how the exactness tests feed the kernel prefix-dependent models. Supplied randomness as given."""
+    batch, gamma = draft_tokens.shape
+    vocab = target_probs.shape[2]
+
+    def as_logits(values: torch.Tensor) -> torch.Tensor:
+        values = values.double() if logprobs else values.double().log()
+        return values.to(PROB_DTYPES[logits_dtype]).contiguous()
+
+    token_dtype = next(name for name, dtype in TOKEN_DTYPES.items() if dtype == draft_tokens.dtype)
+    cfg = LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=logits_dtype, temperatures=(1.0,), rule=rule,
+                       token_dtype=token_dtype)
+    ones = torch.ones(batch, dtype=torch.float32, device=draft_tokens.device)
+    return LogitsWorkload(config=cfg, draft_tokens=draft_tokens, target_logits=as_logits(target_probs),
+                          draft_logits=as_logits(draft_probs), target_temperature=ones, draft_temperature=ones.clone(),
+                          uniforms=uniforms.float().contiguous(), exponential_noise=exponential_noise.float().contiguous())
+
+
 def _finish_logits_workload(cfg, target, draft, draft_tokens, temperature, gen) -> LogitsWorkload:
     batch, gamma, vocab = cfg.batch_size, cfg.gamma, cfg.vocab_size
     uniforms = torch.rand((batch, gamma), generator=gen, device=target.device)
@@ -184,6 +207,8 @@ def design_bytes(cfg: LogitsConfig, design: str, randomness: str = "fast") -> di
 
     - `fused_logits` (sdbench, 2 launches): every logit once; then at the stopping row k the target
       row and (below γ) the draft row again (2 rows per sequence, worst case), plus supplied noise.
+      With cfg.rule "block" the residual-mass pass reads target and draft rows 1..γ-1 again for every
+      request whose target temperature is > 0 (a greedy target needs no mass).
     - `vllm_v2_style` (4 launches): the same logit reads, plus the per-block partials written and read
       back and the per-block race winners (small).
     - `softmax_then_prob` (eager, FlashInfer, prob `fused`): the logits read, float32 probabilities
@@ -194,7 +219,9 @@ def design_bytes(cfg: LogitsConfig, design: str, randomness: str = "fast") -> di
     row_bytes = vocab * cfg.element_bytes
     noise = batch * vocab * 4 + batch * gamma * 4 if randomness == "supplied" else 0
     if design == "fused_logits":
-        return {"read": floor + batch * 2 * row_bytes + noise, "written": 0}
+        sampled = sum(1 for b in range(batch) if cfg.temperatures[b % len(cfg.temperatures)] > 0)
+        mass = sampled * 2 * (gamma - 1) * row_bytes if cfg.rule == "block" else 0
+        return {"read": floor + mass + batch * 2 * row_bytes + noise, "written": 0}
     if design == "vllm_v2_style":
         partials = batch * (2 * gamma + 1) * -(-vocab // VLLM_BLOCK) * 12
         return {"read": floor + batch * 2 * row_bytes + noise + partials, "written": partials}

@@ -248,3 +248,50 @@ def test_check_error_flags_raises_with_the_sequences():
     check_error_flags({"accepted_lengths": torch.zeros(3)})  # outputs without flags pass
     with pytest.raises(SdbenchError, match=r"1 sequence\(s\) \(2\).*draft token outside"):
         check_error_flags({"error_flags": torch.tensor([0, 0, 1], dtype=torch.int32)})
+
+
+# --- rule="block": Sun et al.'s block verification on the same inputs ---------------------------
+def test_block_rule_keeps_a_block_the_token_rule_rejects_at_its_first_draft():
+    # p_0(1)/q = 0.4: w_1 = 0.4, r_1 = Σ max(0, 0.4·p_1 - q) = 0, so h_1 = 0; p_1(0)/q = 0.4: w_2 = 0.16 = h_2.
+    # η_2 = 0.1 < 0.16 keeps both drafts (the token rule stops at 0: u·q = 0.125 >= 0.1); η_2 = 0.2 keeps none,
+    # and the race at row 0 is over max(0, 1·p_0 - q) = [0.15, 0, 0.05, 0] / [1, 1, 0.1, 1] -> 2 (the bonus race
+    # over p_2 = [0.1, 0.2, 0.3, 0.4] with the same noise -> 2 as well).
+    inputs = dict(draft_tokens=[[1, 0], [1, 0]], p_rows=P_ROWS, q_rows=[Q_UNIFORM, Q_UNIFORM],
+                  uniforms=[[0.5, 0.1], [0.5, 0.2]], noise=[[1.0, 1.0, 0.1, 1.0]] * 2)
+    block, token = _run(**inputs, rule="block"), _run(**inputs)
+    assert block["accepted_lengths"].tolist() == [2, 0] and token["accepted_lengths"].tolist() == [0, 0]
+    assert block["output_tokens"].tolist() == [[1, 0, 2], [2, -1, -1]]
+
+
+def test_block_rule_races_over_the_weighted_residual():
+    # x = (1, 2): w_1 = 0.4; r_1 = Σ max(0, 0.4·p_1 - q_1) = 0.19, h_1 = 0.19 / 0.79 > η_1 = 0.2; w_2 = 0.4·0.2/0.45
+    # = h_2 < η_2 = 0.5: τ = 1. The residual at row 1 is max(0, 0.4·p_1 - q_1) = [0, 0.19, 0, 0] -> token 1; the
+    # unweighted max(0, p_1 - q_1) = [0.05, 0.55, 0, 0] would pick 0 with these noises.
+    out = _run([[1, 2]], P_ROWS, [Q_UNIFORM, [0.05, 0.05, 0.45, 0.45]], [[0.2, 0.5]], [[0.01, 1.0, 1.0, 1.0]],
+               rule="block")
+    assert out["accepted_lengths"].tolist() == [1] and out["next_tokens"].tolist() == [1]
+
+
+def test_block_rule_stops_before_an_out_of_range_token_and_flags_it():
+    out = _run([[0, 40], [-3, 1]], P_ROWS, [Q_UNIFORM, Q_UNIFORM], [[0.0, 0.0], [0.0, 0.0]], [[1.0] * 4] * 2,
+               rule="block")
+    assert out["accepted_lengths"].tolist() == [1, 0]  # p = q = 0 there: w = 0 from that position on
+    assert out["error_flags"].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("prob_dtype", ["float32", "bfloat16"])
+def test_block_rule_on_logprobs_equals_it_on_probabilities(prob_dtype):
+    w = make_prob_workload(VerifyConfig(64, 4, vocab_size=50, prob_dtype=prob_dtype, seed=3))
+    args = (w.draft_tokens, w.target_probs, w.draft_probs, w.uniforms, w.exponential_noise)
+    plain = reference.prob_verify(*args, rule="block")
+    logs = (w.draft_tokens, w.target_probs.float().log(), w.draft_probs.float().log(), w.uniforms,
+            w.exponential_noise)
+    logged = reference.prob_verify(*logs, rule="block", logprobs=True, compute_dtype=torch.float64)
+    double = reference.prob_verify_float64(*args, rule="block")
+    assert torch.equal(plain["output_tokens"], double["output_tokens"])
+    assert torch.equal(logged["output_tokens"], double["output_tokens"])
+
+
+def test_an_unknown_rule_is_refused():
+    with pytest.raises(ValueError, match="rule"):
+        _run([[0, 1]], P_ROWS, [Q_UNIFORM, Q_UNIFORM], [[0.5, 0.5]], [[1.0] * 4], rule="tree")

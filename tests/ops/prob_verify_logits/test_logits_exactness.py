@@ -9,7 +9,8 @@ temperature, and forgetting it on the draft side only.
 logits per prefix), γ=2; each round drafts from the draft model, verifies, and completes the emitted
 tokens to length 3 by sampling the target; the joint distribution of the 3 tokens (27 cells) must be
 the target's autoregressive one (χ², p-value > 1e-3), for the token rule too (the harness's control).
-Must fail: a residual without the weight w_τ, and stopping at the first failed test.
+Must fail: a residual without the weight w_τ (the token rule's residual with block acceptance),
+stopping at the first failed test, and an acceptance probability h_i = r_i that is not renormalised.
 (3) Mean accepted length: block >= token (the paper's theorem, in expectation) on fixed workloads.
 """
 
@@ -23,7 +24,12 @@ import torch
 
 from sdbench.ops.prob_verify.reference import prob_output_tokens, prob_race, prob_verify
 from sdbench.ops.prob_verify_logits import reference
-from sdbench.ops.prob_verify_logits.workload import LogitsConfig, logits_workload_from_logits, make_logits_workload
+from sdbench.ops.prob_verify_logits.workload import (
+    LogitsConfig,
+    logits_workload_from_logits,
+    logits_workload_from_probs,
+    make_logits_workload,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "prob_verify"))
 from test_prob_exactness import SIGNIFICANCE, chi_square_pvalue, exactness_pvalues  # noqa: E402
@@ -165,8 +171,11 @@ def target_joint(target: PrefixModel, temperature: float) -> torch.Tensor:
     return joint
 
 
-def wrong_block(drafts, p, q, uniforms, noise, *, unweighted_residual=False, first_failure=False):
-    """Block verification with one step broken (a plain loop over positions, vectorised over rounds)."""
+def wrong_block(drafts, p, q, uniforms, noise, *, unweighted_residual=False, first_failure=False,
+                unnormalised_h=False):
+    """Block verification with one step broken (a plain loop over positions, vectorised over rounds):
+    unweighted_residual: the token rule's residual max(0, p - q) at τ; first_failure: the block ends at
+    the first failed test; unnormalised_h: the acceptance probability h_i = r_i, not r_i / (r_i + 1 - w_i)."""
     batch, gamma = drafts.shape
     p_at = p[:, :gamma].gather(2, drafts[:, :, None]).squeeze(2)
     q_at = q.gather(2, drafts[:, :, None]).squeeze(2)
@@ -178,7 +187,7 @@ def wrong_block(drafts, p, q, uniforms, noise, *, unweighted_residual=False, fir
         w = weights[-1]
         if i < gamma:
             residual = (w[:, None] * p[:, i] - q[:, i]).clamp_min(0).sum(1)
-            h = residual / (residual + 1 - w)
+            h = residual if unnormalised_h else residual / (residual + 1 - w)
         else:
             h = w
         passed = uniforms[:, i - 1] < h
@@ -198,11 +207,17 @@ def wrong_block(drafts, p, q, uniforms, noise, *, unweighted_residual=False, fir
             "output_tokens": prob_output_tokens(drafts, stop, next_tokens)}
 
 
+# Models where a stop after a partly accepted draft (w_τ < 1 with residual mass) is common, so every
+# broken variant is visible: per round, Σ (π_broken - π)² / π over the 27 cells is ~0.010 for the
+# unweighted residual and for the unnormalised h, ~0.8 for stopping at the first failure (measured at
+# 3·10^5 rounds); with seeds 10/11 the first two rarely show and pass.
+PREFIX_SEEDS = (40, 41)
+PREFIX_SCALE = 2.0
+
+
 @pytest.fixture(scope="module")
 def prefix_models():
-    # Models where a stop after a partly accepted draft (w_τ < 1 with residual mass) is common, so the
-    # unweighted-residual variant is visible: with seeds 10/11 it rarely happens and that variant passes.
-    return PrefixModel(seed=20, scale=2.5), PrefixModel(seed=21, scale=2.5)
+    return PrefixModel(seed=PREFIX_SEEDS[0], scale=PREFIX_SCALE), PrefixModel(seed=PREFIX_SEEDS[1], scale=PREFIX_SCALE)
 
 
 def _joint_pvalue(outputs, target, temperature, seed=5):
@@ -215,7 +230,7 @@ def test_rule_emits_the_targets_joint_distribution(prefix_models, rule, temperat
     target, draft = prefix_models
     drafts, p, q, uniforms, noise = block_rounds(target, draft, temperature, ROUNDS, seed=3)
     if rule == "block":
-        outputs = reference.block_verify(drafts, p, q, uniforms, noise)
+        outputs = prob_verify(drafts, p, q, uniforms, noise, rule="block", compute_dtype=torch.float64)
     else:
         outputs = prob_verify(drafts, p, q, uniforms, noise, compute_dtype=torch.float64)
     assert _joint_pvalue(outputs, target, temperature) > SIGNIFICANCE
@@ -227,12 +242,64 @@ def test_the_harness_control_wrong_block_without_breakage_passes(prefix_models):
     assert _joint_pvalue(wrong_block(*rounds), target, 1.0) > SIGNIFICANCE
 
 
-@pytest.mark.parametrize("broken", [{"unweighted_residual": True}, {"first_failure": True}],
-                         ids=["residual_without_weight", "stop_at_first_failure"])
+@pytest.mark.parametrize("broken", [{"unweighted_residual": True}, {"first_failure": True}, {"unnormalised_h": True}],
+                         ids=["residual_without_weight", "stop_at_first_failure", "h_not_renormalised"])
 def test_broken_block_verification_fails(prefix_models, broken):
     target, draft = prefix_models
     rounds = block_rounds(target, draft, 1.0, ROUNDS, seed=4)
     assert _joint_pvalue(wrong_block(*rounds, **broken), target, 1.0) < SIGNIFICANCE
+
+
+# --- the kernel's block rule: fused_logits, fast randomness, under the interpreter ------------------
+INTERPRETER_BLOCK_ROUNDS = 400  # ~0.15 s per round interpreted; the GPU test runs ROUNDS
+
+
+def prefix_workload(target: PrefixModel, draft: PrefixModel, rounds: int, seed: int, device: str = "cpu"):
+    """block_rounds at T = 1 as the from-logits kernels' input (logits = log p, T = 1, rule block), and the rounds."""
+    drafts, p, q, uniforms, noise = block_rounds(target, draft, 1.0, rounds, seed)
+    w = logits_workload_from_probs(*(t.to(device) for t in (drafts, p, q, uniforms, noise)), rule="block")
+    return w, (drafts, p, q, uniforms, noise)
+
+
+INTERPRETER_BLOCK_CHI2 = """
+import json, sys
+sys.path.insert(0, {here!r})
+from test_logits_exactness import PREFIX_SCALE, PREFIX_SEEDS, PrefixModel, prefix_workload
+from sdbench import registry
+impl = registry.get("prob_verify_logits", "fused_logits")
+reason = impl.unavailable_reason("cpu")
+models = [PrefixModel(seed=seed, scale=PREFIX_SCALE) for seed in PREFIX_SEEDS]
+w, _ = prefix_workload(*models, rounds={rounds}, seed=7)
+out = None if reason else impl.prepare(w.with_randomness("fast", offset=1))()
+print(json.dumps({{"reason": reason, "outputs": None if out is None else
+                  {{name: out[name].tolist() for name in ("output_tokens", "accepted_lengths")}}}}))
+"""
+
+
+@pytest.mark.slow
+def test_fused_logits_block_rule_is_exact_under_the_interpreter(prefix_models):
+    """fused_logits' block rule with its in-kernel Philox randomness (fast mode: no reference gives its tokens)
+    emits the target's joint (the χ² above) on INTERPRETER_BLOCK_ROUNDS rounds (~60 s interpreted); the same
+    test at the same size rejects stopping at the first failed test (the token path's scan reused), and the
+    GPU runs 10^5 rounds (tests/gpu/test_block_rule_gpu.py), where the subtler broken variants show too."""
+    import json
+    import os
+    import subprocess
+
+    pytest.importorskip("triton")
+    script = INTERPRETER_BLOCK_CHI2.format(here=str(Path(__file__).resolve().parent), rounds=INTERPRETER_BLOCK_ROUNDS)
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if report["reason"]:
+        pytest.skip(f"Triton cannot run here: {report['reason']}")
+    kernel = {name: torch.tensor(values) for name, values in report["outputs"].items()}
+    target, draft = prefix_models
+    _, rounds = prefix_workload(target, draft, INTERPRETER_BLOCK_ROUNDS, seed=7)
+    assert _joint_pvalue(kernel, target, 1.0) > SIGNIFICANCE
+    assert _joint_pvalue(wrong_block(*rounds, first_failure=True), target, 1.0) < SIGNIFICANCE
 
 
 # --- block >= token in mean accepted length --------------------------------------------------------
@@ -245,15 +312,26 @@ def test_block_accepts_more_on_prefix_models(prefix_models):
     target, draft = prefix_models
     drafts, p, q, uniforms, noise = block_rounds(target, draft, 1.0, ROUNDS, seed=6)
     token = prob_verify(drafts, p, q, uniforms, noise, compute_dtype=torch.float64)["accepted_lengths"]
-    block = reference.block_verify(drafts, p, q, uniforms, noise)["accepted_lengths"]
+    block = prob_verify(drafts, p, q, uniforms, noise, rule="block", compute_dtype=torch.float64)["accepted_lengths"]
     gain, error = _paired_means(token, block)
     assert gain > 3 * error, (gain, error)
 
 
-@pytest.mark.parametrize("draft_noise", [0.2, 0.6])
-def test_block_mean_length_is_at_least_token_on_logits_workloads(draft_noise):
+MEAN_LENGTH_WORKLOADS = {  # 20,000 sequences each; mixed temperatures (greedy rows included) unless stated
+    "g4_noise0.2": LogitsConfig(20_000, 4, vocab_size=32, draft_noise=0.2, seed=7),
+    "g4_noise0.6": LogitsConfig(20_000, 4, vocab_size=32, draft_noise=0.6, seed=7),
+    "g8_noise0.4_bf16_sampled": LogitsConfig(20_000, 8, vocab_size=40, logits_dtype="bfloat16", temperatures=(1.0,),
+                                             draft_noise=0.4, seed=8),
+    "g2_noise1.0_hot_and_cold": LogitsConfig(20_000, 2, vocab_size=24, temperatures=(0.7, 1.3), draft_noise=1.0,
+                                             seed=9),
+    "g16_noise0.3": LogitsConfig(20_000, 16, vocab_size=16, draft_noise=0.3, seed=10),
+}
+
+
+@pytest.mark.parametrize("cfg", MEAN_LENGTH_WORKLOADS.values(), ids=MEAN_LENGTH_WORKLOADS.keys())
+def test_block_mean_length_is_at_least_token_on_logits_workloads(cfg):
     """The same workload and randomness under both rules: many sequences (the seeds of the rounds)."""
-    w = make_logits_workload(LogitsConfig(20_000, 4, vocab_size=32, draft_noise=draft_noise, seed=7))
+    w = make_logits_workload(cfg)
     token = reference.reference_outputs(w, "token")["accepted_lengths"]
     block = reference.reference_outputs(w, "block")["accepted_lengths"]
     gain, error = _paired_means(token, block)

@@ -90,7 +90,7 @@ def _paper_example(rounds: int, seed: int):
 def test_block_verification_reaches_the_papers_expected_length():
     rounds = 200_000
     drafts, p, q, uniforms, noise = _paper_example(rounds, seed=0)
-    block = reference.block_verify(drafts, p, q, uniforms, noise)["accepted_lengths"].double()
+    block = prob_verify(drafts, p, q, uniforms, noise, rule="block", compute_dtype=torch.float64)["accepted_lengths"].double()
     token = prob_verify(drafts, p, q, uniforms, noise, compute_dtype=torch.float64)["accepted_lengths"].double()
     tolerance = 4 * 0.9 / rounds**0.5  # 4 standard errors (the lengths' std is < 0.9)
     assert abs(float(block.mean()) - 11 / 9) < tolerance
@@ -137,6 +137,13 @@ def test_roofline_bytes():
     assert softmax["written"] == 32 * 17 * 128256 * 4 and softmax["read"] > fused["read"]
     with pytest.raises(SdbenchError, match="design"):
         design_bytes(cfg, "magic")
+
+
+def test_block_rule_rereads_rows_1_to_gamma_minus_1_of_sampled_requests():
+    cfg = LogitsConfig(32, 8, vocab_size=128256, logits_dtype="bfloat16", rule="block")  # 8 of 32 requests greedy
+    token = design_bytes(cfg.replace(rule="token"), "fused_logits")["read"]
+    assert design_bytes(cfg, "fused_logits")["read"] - token == 24 * 2 * 7 * 128256 * 2
+    assert design_bytes(cfg.replace(temperatures=(0.0,)), "fused_logits")["read"] == token
 
 
 def test_benchmark_grid_is_the_issues_grid():
@@ -194,6 +201,7 @@ def test_bench_rows_carry_the_floor_the_bytes_and_both_rules():
     rows = time_point(cfg, ["torch_eager", "softmax_flashinfer"], cold_l2=False, tbps=3.0, views=("cpu",), device="cpu")
     eager, flashinfer = rows
     assert eager["design"] == "torch_eager" and eager["cpu_us"] > 0 and eager["floor_bytes"] == 4 * 5 * 64 * 4
+    assert eager["rule"] == "token" and flashinfer["rule"] == "token"
     assert eager["vs_floor_plus_3us"] == pytest.approx(eager["cpu_us"] / (1.3 * eager["floor_us"] + 3.0), rel=1e-2)
     assert flashinfer["reason"] and "cpu_us" not in flashinfer
     assert 0 <= eager["mean_length_token"] <= 2 and 0 <= eager["mean_length_block"] <= 2

@@ -4,8 +4,14 @@ per case, as tests/ops/prob_verify/test_prob_triton.py does).
 Supplied randomness: tokens and lengths of `fused_logits`, `vllm_v2_style` and `softmax_fused_prob`
 equal the float32 reference (the sizes here are far from near-ties). Fast randomness: determinism,
 fused_logits and vllm_v2_style agree (the same Philox streams, keyed by column), the race scratch is
-left zeroed, the stats split plan covers the row. Block verification is refused by the kernels with a
-reason. Sizes stay tiny: the interpreter runs ~10-30 ms per program.
+left zeroed, the stats split plan covers the row. Sizes stay tiny: the interpreter runs ~10-30 ms per
+program.
+
+Block verification (rule="block"): `fused_logits` equals the float32 reference, error_flags included,
+over γ ∈ {1, 4, 5, 16} × B ∈ {1, 3, 8}, mixed temperatures with greedy rows (and greedy drafts under
+sampled targets), bf16 and fp32, out-of-range draft tokens; in fast mode it is deterministic, leaves
+its scratch zeroed, and any split of either stream gives the same tokens. The peers refuse the rule
+with a reason. Its χ² exactness: test_logits_exactness.py.
 """
 
 from __future__ import annotations
@@ -34,7 +40,24 @@ PARITY_CONFIGS = {
 }
 FAST_CASES = ("fused_logits_fast_is_deterministic", "fused_logits_fast_equals_vllm_v2_style_fast",
               "fused_logits_leaves_scratch_clean", "stats_plan_covers_the_row", "fused_logits_any_split_agrees")
-CASES = tuple(f"parity_{name}_{config}" for name in KERNEL_IMPLS for config in PARITY_CONFIGS) + FAST_CASES
+# rule="block" in fused_logits; "greedy_drafts" zeroes the draft temperature of every other request and
+# "bad_tokens" writes draft ids outside [0, V) (both edits in _block_workload).
+BLOCK_PARITY_CONFIGS = {
+    "g1_b8_fp32_mixed": LogitsConfig(8, 1, vocab_size=61, seed=11),
+    "g1_b3_bf16_greedy_drafts": LogitsConfig(3, 1, vocab_size=45, logits_dtype="bfloat16", seed=12),
+    "g4_b8_bf16_mixed": LogitsConfig(8, 4, vocab_size=97, logits_dtype="bfloat16", seed=13),
+    "g4_b3_fp32_early_rejections": LogitsConfig(3, 4, vocab_size=150, draft_noise=3.0, seed=14),
+    "g4_b3_fp32_bonus": LogitsConfig(3, 4, vocab_size=70, temperatures=(0.8, 1.7), draft_noise=0.0, seed=15),
+    "g5_b3_fp32_bad_tokens": LogitsConfig(3, 5, vocab_size=80, seed=16),
+    "g5_b1_bf16_greedy": LogitsConfig(1, 5, vocab_size=200, logits_dtype="bfloat16", seed=17),
+    "g5_b8_fp32_greedy_drafts_int32": LogitsConfig(8, 5, vocab_size=64, draft_noise=0.3, token_dtype="int32", seed=18),
+    "g16_b3_bf16_mixed": LogitsConfig(3, 16, vocab_size=37, logits_dtype="bfloat16", draft_noise=0.3, seed=19),
+    "g16_b1_fp32_sampled": LogitsConfig(1, 16, vocab_size=50, temperatures=(0.9,), draft_noise=0.2, seed=20),
+}
+BLOCK_FAST_CASES = ("block_fast_is_deterministic", "block_leaves_scratch_clean", "block_any_split_agrees")
+CASES = (tuple(f"parity_{name}_{config}" for name in KERNEL_IMPLS for config in PARITY_CONFIGS) + FAST_CASES
+         + tuple(f"parity_block_{config}" for config in BLOCK_PARITY_CONFIGS)
+         + ("parity_block_hand_checked",) + BLOCK_FAST_CASES)
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -55,11 +78,17 @@ def test_logits_kernel_under_interpreter(verdicts, case):
     assert verdicts[case] is None, verdicts[case]
 
 
-@pytest.mark.parametrize("name", KERNEL_IMPLS + ("softmax_flashinfer",))
-def test_kernels_refuse_block_verification_with_a_reason(name):
+@pytest.mark.parametrize("name", ("vllm_v2_style", "softmax_fused_prob", "softmax_flashinfer"))
+def test_peers_refuse_block_verification_with_a_reason(name):
     reason = registry.get("prob_verify_logits", name).supports(LogitsConfig(2, 2, rule="block"))
-    assert reason and "torch_eager" in reason
+    assert reason and "fused_logits" in reason
     assert registry.get("prob_verify_logits", name).supports(LogitsConfig(2, 2)) is None
+
+
+@pytest.mark.parametrize("name", ("fused_logits", "torch_eager"))
+def test_fused_logits_and_eager_run_both_rules(name):
+    for rule in ("token", "block"):
+        assert registry.get("prob_verify_logits", name).supports(LogitsConfig(2, 2, rule=rule)) is None
 
 
 def test_softmax_flashinfer_is_optional_with_a_reason():
@@ -142,7 +171,91 @@ def _run_cases() -> dict[str, str | None]:
 
     for case, run in zip(FAST_CASES, (deterministic, equals_vllm, scratch_clean, plan_covers, any_split), strict=True):
         record(case, run)
+    _run_block_cases(record, snapshot)
     return verdicts
+
+
+def _block_workload(config_name: str, cfg: LogitsConfig):
+    from sdbench.ops.prob_verify_logits.workload import make_logits_workload
+
+    w = make_logits_workload(cfg.replace(rule="block"))
+    if "greedy_drafts" in config_name:  # greedy drafts under sampled (and greedy) targets
+        w.draft_temperature[::2] = 0.0
+    if "bad_tokens" in config_name:
+        w.draft_tokens[0, 2] = cfg.vocab_size + 3
+        w.draft_tokens[1, 0] = -2
+    return w
+
+
+def _hand_checked_block_workload():
+    """test_prob_reference.py's hand-checked block draws as logits (log p, T = 1), where random workloads
+    rarely tell one rule detail from another: (0) τ = 1 with w_1 = 0.4, where the weighted residual races
+    to token 1 and the unweighted one would race to 0; (1) a block kept although its first draft fails
+    token-wise; (2) no draft kept (h_1 = 0)."""
+    import torch
+
+    from sdbench.ops.prob_verify_logits.workload import logits_workload_from_probs
+
+    sys.path.insert(0, str(REPO / "tests" / "ops" / "prob_verify"))
+    from test_prob_reference import P_ROWS, Q_UNIFORM
+
+    skewed = [0.05, 0.05, 0.45, 0.45]
+    return logits_workload_from_probs(
+        draft_tokens=torch.tensor([[1, 2], [1, 0], [1, 0]]),
+        target_probs=torch.tensor([P_ROWS] * 3),
+        draft_probs=torch.tensor([[Q_UNIFORM, skewed], [Q_UNIFORM, Q_UNIFORM], [Q_UNIFORM, Q_UNIFORM]]),
+        uniforms=torch.tensor([[0.2, 0.5], [0.5, 0.1], [0.5, 0.2]]),
+        exponential_noise=torch.tensor([[0.01, 1.0, 1.0, 1.0], [1.0, 1.0, 0.1, 1.0], [1.0, 1.0, 0.1, 1.0]]))
+
+
+def _run_block_cases(record, snapshot) -> None:
+    import torch
+
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.checks import check
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+    from sdbench.ops.prob_verify_logits.workload import make_logits_workload
+
+    fused = registry.get("prob_verify_logits", "fused_logits")
+    for config_name, cfg in BLOCK_PARITY_CONFIGS.items():
+        record(f"parity_block_{config_name}", lambda w=_block_workload(config_name, cfg): check(fused, w))
+    record("parity_block_hand_checked", lambda: check(fused, _hand_checked_block_workload()))
+
+    fast = make_logits_workload(LogitsConfig(3, 3, vocab_size=64, rule="block", seed=21)).with_randomness("fast", 2)
+
+    def deterministic():
+        run = fused.prepare(fast)
+        first, second, fresh = snapshot(run), snapshot(run), snapshot(fused.prepare(fast))
+        same = all(torch.equal(first[k], second[k]) and torch.equal(first[k], fresh[k]) for k in first)
+        return None if same else f"tokens changed between launches: {first['output_tokens']} vs {second['output_tokens']}"
+
+    def inputs(w):
+        return kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                     w.draft_temperature, w.uniforms, w.exponential_noise)
+
+    def scratch_clean():
+        launch = kernels.fused_logits_launcher(inputs(fast), allocate_outputs(fast), fast=True, seed=21, offset=2,
+                                               rule="block")
+        launch()
+        launch()
+        best, arrivals = launch.scratch
+        return None if not best.any() and not arrivals.any() else f"scratch not reset: {best}, {arrivals}"
+
+    def any_split():
+        """The split of either stream changes the partials (and r_i's summation order), not the tokens."""
+        w = make_logits_workload(LogitsConfig(2, 3, vocab_size=200, rule="block", seed=22))
+        seen = []
+        for span, mass_span in ((64, 64), (128, 200), (200, 128)):
+            outputs = allocate_outputs(w)
+            kernels.fused_logits_launcher(inputs(w), outputs, fast=False, rule="block",
+                                          stats_plan_=kernels.StatsPlan(span=span, splits=-(-200 // span)),
+                                          mass_plan=kernels.StatsPlan(span=mass_span, splits=-(-200 // mass_span)))()
+            seen.append(outputs["output_tokens"].clone())
+        same = all(torch.equal(tokens, seen[0]) for tokens in seen)
+        return None if same else f"tokens differ by split: {seen}"
+
+    for case, run in zip(BLOCK_FAST_CASES, (deterministic, scratch_clean, any_split), strict=True):
+        record(case, run)
 
 
 if __name__ == "__main__":
