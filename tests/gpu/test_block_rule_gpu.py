@@ -119,15 +119,18 @@ def test_block_rule_graph_replay_equals_eager(randomness):
         run.launch()
     for _ in range(3):  # each replay starts from the scratch the previous one left: it must be clean
         parity.poison(run.outputs)
+        run.philox_offsets.fill_(w.offset)  # fast mode: a replay advances the counters as an eager call does
         graph.replay()
         torch.cuda.synchronize()
         for key, value in expected.items():
             assert torch.equal(run.outputs[key], value), key
+    if randomness == "fast":
+        assert bool((run.philox_offsets == w.offset + 1).all())
     if randomness == "supplied":
         assert parity.compare(parity.expected_outputs("prob_verify_logits", w), run.outputs) is None
 
 
-def test_block_rule_fast_mode_is_deterministic_and_leaves_its_scratch_zeroed():
+def test_block_rule_fast_mode_advances_and_leaves_its_scratch_zeroed():
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
@@ -136,10 +139,11 @@ def test_block_rule_fast_mode_is_deterministic_and_leaves_its_scratch_zeroed():
     fused = registry.get("prob_verify_logits", FUSED)
     run = fused.prepare(fast)
     first, second = _snapshot(run()), _snapshot(run())
-    for name in first:
-        assert torch.equal(first[name], second[name]), name
-    other = _snapshot(fused.prepare(fast.with_randomness("fast", 6))())
-    assert not torch.equal(first["output_tokens"], other["output_tokens"])
+    at_five, at_six = _snapshot(fused.prepare(fast)()), _snapshot(fused.prepare(fast.with_randomness("fast", 6))())
+    for name in first:  # call n draws at offset + n, counted on the device
+        assert torch.equal(first[name], at_five[name]), name
+        assert torch.equal(second[name], at_six[name]), name
+    assert not torch.equal(first["output_tokens"], second["output_tokens"])
     inputs = kernels.LogitsTensors(fast.draft_tokens, fast.target_logits, fast.draft_logits, fast.target_temperature,
                                    fast.draft_temperature, fast.uniforms, fast.exponential_noise)
     launch = kernels.fused_logits_launcher(inputs, allocate_outputs(fast), fast=True, seed=fast.seed, offset=5,

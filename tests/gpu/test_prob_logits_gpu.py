@@ -72,18 +72,23 @@ def test_block_rule_runs_in_torch_eager_on_cuda():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fast_mode_is_deterministic_and_the_designs_agree(dtype):
+def test_fast_mode_advances_on_the_device_and_the_designs_agree(dtype):
+    """Call n of a prepared run draws at offset + n (device-side counters, no host work): it equals the first
+    call of a run prepared at that offset; both designs draw the same numbers."""
     fast = make_logits_workload(LogitsConfig(32, 8, vocab_size=128256, logits_dtype=dtype, seed=8), DEVICE)
     fast = fast.with_randomness("fast", offset=5)
     fused = registry.get("prob_verify_logits", "fused_logits").prepare(fast)
     first, second = _snapshot(fused()), _snapshot(fused())
-    vllm = _snapshot(registry.get("prob_verify_logits", "vllm_v2_style").prepare(fast)())
+    vllm = registry.get("prob_verify_logits", "vllm_v2_style").prepare(fast)
+    vllm_first, vllm_second = _snapshot(vllm()), _snapshot(vllm())
+    at_six = _snapshot(registry.get("prob_verify_logits", "fused_logits").prepare(fast.with_randomness("fast", 6))())
     for name in first:
-        assert torch.equal(first[name], second[name]), name
-    for name in vllm:  # the peer writes no error_flags
-        assert torch.equal(first[name], vllm[name]), name
-    other = _snapshot(registry.get("prob_verify_logits", "fused_logits").prepare(fast.with_randomness("fast", 6))())
-    assert not torch.equal(first["output_tokens"], other["output_tokens"])
+        assert torch.equal(second[name], at_six[name]), name
+    for name in vllm_first:  # the peer writes no error_flags
+        assert torch.equal(first[name], vllm_first[name]), name
+        assert torch.equal(second[name], vllm_second[name]), name
+    assert not torch.equal(first["output_tokens"], second["output_tokens"])
+    assert bool((fused.philox_offsets == 7).all()) and bool((vllm.philox_offsets == 7).all())
 
 
 @pytest.mark.parametrize("name", ["fused_logits", "vllm_v2_style"])
@@ -95,10 +100,12 @@ def test_graph_replay_equals_eager(name):
     with torch.cuda.graph(graph):
         run.launch()
     parity.poison(run.outputs)
+    run.philox_offsets.fill_(fast.offset)  # a replay draws at the counters and advances them, as a call does
     graph.replay()
     torch.cuda.synchronize()
     for key, value in expected.items():
         assert torch.equal(run.outputs[key], value), key
+    assert bool((run.philox_offsets == fast.offset + 1).all())
 
 
 def test_fused_logits_leaves_its_race_scratch_zeroed():

@@ -11,6 +11,7 @@ import torch
 
 from sdbench import registry
 from sdbench.ops.backends import ANY_DEVICE
+from sdbench.ops.prob_verify.triton_impls import _from_offset
 from sdbench.ops.prob_verify.workload import ProbWorkload
 from sdbench.ops.prob_verify_logits.common import SoftmaxBuffers, allocate_outputs, token_rule_only, warm_up
 from sdbench.ops.prob_verify_logits.workload import LogitsWorkload
@@ -44,13 +45,14 @@ def _prepare_fused_logits(w: LogitsWorkload):
     outputs = allocate_outputs(w)
     launch = _triton().fused_logits_launcher(_inputs(w), outputs, w.randomness == "fast", w.seed, w.offset,
                                              rule=w.config.rule)
-    return warm_up(BufferedRun(launch, outputs), w)
+    return _from_offset(warm_up(BufferedRun(launch, outputs), w), launch.philox_offsets, w)
 
 
 def _prepare_vllm_v2_style(w: LogitsWorkload):
     outputs = allocate_outputs(w, error_flags=False)  # a peer's design: vLLM checks no token ids
     launch = _triton().vllm_v2_style_launcher(_inputs(w), outputs, w.randomness == "fast", w.seed, w.offset)
-    return warm_up(BufferedRun(launch, outputs), w)
+    return _from_offset(warm_up(BufferedRun(launch, outputs), w), launch.philox_offsets, w)
+
 
 
 def prob_workload_over(w: LogitsWorkload, buffers: SoftmaxBuffers) -> ProbWorkload:

@@ -60,6 +60,7 @@ from sdbench.ops.prob_verify.triton_kernels import (
     _race_noise,
     _token_of,
     default_fused_plan,
+    philox_offsets,
 )
 from sdbench.ops.prob_verify_logits.workload import VLLM_BLOCK
 
@@ -390,13 +391,23 @@ def _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, t
     tl.store(accepted_lengths_ptr + b, k.to(tl.int64))
 
 
+@triton.jit
+def _philox_offset(offsets_ptr, b, FAST: tl.constexpr):
+    """Fast mode's Philox offset of sequence b, kept on the device (0 when randomness is supplied)."""
+    if FAST:
+        offset = tl.load(offsets_ptr + b)
+    else:
+        offset = tl.zeros((), tl.int64)
+    return offset
+
+
 # --- the race pass (fused_logits): scan + split race + atomic combine ---------------------------
-@triton.jit(do_not_specialize=["seed", "offset"])
+@triton.jit(do_not_specialize=["seed"])
 def _logits_race_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr,
-    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr,
-    seed, offset, vocab, splits, mass_splits, chunks,
+    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
+    seed, vocab, splits, mass_splits, chunks,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
@@ -406,10 +417,13 @@ def _logits_race_kernel(
     best_ptr (int64 [B]) and arrivals_ptr (int32 [B]) start zeroed and are left zeroed.
     RULE "token": the stop is the first rejection (mass_ptr is not read). RULE "block": the stop τ and
     w_τ from the draft-token ratios and the residual masses at mass_ptr (`_block_scan`), and the race
-    over max(0, w_τ·p_τ - q_τ). A constexpr: the token path compiles as if the block rule did not exist."""
+    over max(0, w_τ·p_τ - q_τ). A constexpr: the token path compiles as if the block rule did not exist.
+    Fast mode draws at the Philox offset offsets_ptr[b] (int64 [B]), which the last arrival advances by one,
+    as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work."""
     b = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * (4 * ROWS)
     cols = _chunk_columns(start, ROWS)
+    offset = _philox_offset(offsets_ptr, b, FAST)
     noise_row = noise_ptr + b * stride_e_b
     temperature_t = tl.load(target_temp_ptr + b)
     temperature_d = tl.load(draft_temp_ptr + b)
@@ -455,21 +469,24 @@ def _logits_race_kernel(
         _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
                    GAMMA, GAMMA_PAD)
         tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
+        if FAST:
+            tl.store(offsets_ptr + b, offset + 1)  # every program of b has read it (they all arrived)
         tl.store(arrivals_ptr + b, 0)
 
 
 # --- vllm_v2_style: scan kernel, Gumbel resample per block, finish --------------------------------
-@triton.jit(do_not_specialize=["seed", "offset"])
+@triton.jit(do_not_specialize=["seed"])
 def _vllm_scan_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr,
-    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stop_ptr, stop_stats_ptr,
-    seed, offset, splits, vocab,
+    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stop_ptr, stop_stats_ptr, offsets_ptr,
+    seed, splits, vocab,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
     PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
 ):
     """Grid (B,): combine the block stats, scan to k, write k and row k's (M_t, S_t, M_q, S_q, A_t, A_q)."""
     b = tl.program_id(0).to(tl.int64)
+    offset = _philox_offset(offsets_ptr, b, FAST)
     temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
     row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
                                                 GAMMA, R_PAD, SPLITS_PAD)
@@ -489,10 +506,10 @@ def _vllm_scan_kernel(
     tl.store(out + 5, _pick(row_arg, draft_k, R_PAD).to(tl.float32, bitcast=True))
 
 
-@triton.jit(do_not_specialize=["seed", "offset"])
+@triton.jit(do_not_specialize=["seed"])
 def _vllm_resample_kernel(
     target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, noise_ptr, stop_ptr, stop_stats_ptr, block_best_ptr,
-    seed, offset, vocab, blocks,
+    offsets_ptr, seed, vocab, blocks,
     stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_e_b,
     GAMMA: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr,
@@ -502,6 +519,7 @@ def _vllm_resample_kernel(
     at a time (a whole 8192-column tile of int64 keys per program would spill)."""
     b = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
+    offset = _philox_offset(offsets_ptr, b, FAST)
     k = tl.load(stop_ptr + b)
     stats = stop_stats_ptr + b * 6
     temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
@@ -525,17 +543,19 @@ def _vllm_resample_kernel(
     tl.store(block_best_ptr + b * blocks + block, tl.max(tl.max(best, axis=1), axis=0))
 
 
-@triton.jit(do_not_specialize=["seed", "offset"])
+@triton.jit(do_not_specialize=["seed"])
 def _vllm_finish_kernel(
     draft_tokens_ptr, target_ptr, target_temp_ptr, noise_ptr, stop_ptr, stop_stats_ptr, block_best_ptr,
-    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr,
-    seed, offset, vocab, blocks,
+    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, offsets_ptr,
+    seed, vocab, blocks,
     stride_tok_b, stride_p_b, stride_p_row, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, BLOCKS_PAD: tl.constexpr, ROWS: tl.constexpr,
     PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
 ):
-    """Grid (B,): the winner over the blocks (or row k's argmax for a greedy target) -> outputs."""
+    """Grid (B,): the winner over the blocks (or row k's argmax for a greedy target) -> outputs. The last of
+    the four launches to read offsets_ptr[b], so it advances it by one (stream order)."""
     b = tl.program_id(0).to(tl.int64)
+    offset = _philox_offset(offsets_ptr, b, FAST)
     k = tl.load(stop_ptr + b)
     stats = stop_stats_ptr + b * 6
     temperature_t = tl.load(target_temp_ptr + b)
@@ -553,6 +573,8 @@ def _vllm_finish_kernel(
     tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=positions < GAMMA, other=0).to(tl.int64)
     _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
                GAMMA, GAMMA_PAD)
+    if FAST:
+        tl.store(offsets_ptr + b, offset + 1)
 
 
 # --- launchers ---------------------------------------------------------------------------------
@@ -615,10 +637,6 @@ def _precise_math(device: torch.device) -> bool:
     return device.type == "cuda" and not INTERPRETED
 
 
-def _offset(offset: int) -> int:
-    return offset % 2**31
-
-
 def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     count = batch * (2 * gamma + 1) * splits
     return (torch.empty(count, dtype=torch.float32, device=device), torch.empty(count, dtype=torch.float32, device=device),
@@ -646,6 +664,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     stats = allocate_stats(batch, gamma, plan.splits, device)
     best = torch.zeros(batch, dtype=torch.int64, device=device)
     arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
+    offsets = philox_offsets(batch, offset, device)  # fast mode advances them on the device, call by call
     launches = [_stats_launch(t, stats, plan)]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=_precise_math(device))
@@ -662,7 +681,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     args = (
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
         t.exponential_noise, *stats, mass, outputs["accepted_lengths"], outputs["next_tokens"],
-        outputs["output_tokens"], outputs["error_flags"], best, arrivals, seed, _offset(offset), vocab, plan.splits,
+        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, seed, vocab, plan.splits,
         mass_plan.splits, race.splits, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
         t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0),
         outputs["output_tokens"].stride(0),
@@ -676,6 +695,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             step()
 
     launch.scratch = (best, arrivals)  # tests check they are left zeroed
+    launch.philox_offsets = offsets
     return launch
 
 
@@ -690,24 +710,25 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
     stop = torch.empty(batch, dtype=torch.int32, device=device)
     stop_stats = torch.empty((batch, 6), dtype=torch.float32, device=device)
     block_best = torch.empty((batch, plan.splits), dtype=torch.int64, device=device)
+    offsets = philox_offsets(batch, offset, device)  # the finish kernel advances them, call by call
     precise = _precise_math(device)
     stats_launch = _stats_launch(t, stats, plan, tile=min(block, TILE))
     scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
-                 t.uniforms, *stats, stop, stop_stats, seed, _offset(offset), plan.splits, vocab,
+                 t.uniforms, *stats, stop, stop_stats, offsets, seed, plan.splits, vocab,
                  t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
                  t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
     scan_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                      SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=precise, FAST=fast, num_warps=4)
     rows = min(block // 4, RESAMPLE_ROWS)
     resample_args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.exponential_noise,
-                     stop, stop_stats, block_best, seed, _offset(offset), vocab, plan.splits,
+                     stop, stop_stats, block_best, offsets, seed, vocab, plan.splits,
                      t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
                      t.draft_logits.stride(1), t.exponential_noise.stride(0))
     resample_meta = dict(GAMMA=gamma, BLOCK=block, ROWS=rows, PRECISE_MATH=precise, FAST=fast,
                          num_warps=4 if not INTERPRETED else 1)
     finish_args = (t.draft_tokens, t.target_logits, t.target_temperature, t.exponential_noise, stop, stop_stats,
-                   block_best, outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"],
-                   seed, _offset(offset), vocab, plan.splits, t.draft_tokens.stride(0), t.target_logits.stride(0),
+                   block_best, outputs["accepted_lengths"], outputs["next_tokens"], outputs["output_tokens"], offsets,
+                   seed, vocab, plan.splits, t.draft_tokens.stride(0), t.target_logits.stride(0),
                    t.target_logits.stride(1), t.exponential_noise.stride(0), outputs["output_tokens"].stride(0))
     finish_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma),
                        BLOCKS_PAD=triton.next_power_of_2(plan.splits), ROWS=min(rows, 512), PRECISE_MATH=precise,
@@ -723,4 +744,5 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
         for step in launches:
             step()
 
+    launch.philox_offsets = offsets
     return launch

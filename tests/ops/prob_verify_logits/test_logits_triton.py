@@ -9,7 +9,7 @@ program.
 
 Block verification (rule="block"): `fused_logits` equals the float32 reference, error_flags included,
 over γ ∈ {1, 4, 5, 16} × B ∈ {1, 3, 8}, mixed temperatures with greedy rows (and greedy drafts under
-sampled targets), bf16 and fp32, out-of-range draft tokens; in fast mode it is deterministic, leaves
+sampled targets), bf16 and fp32, out-of-range draft tokens; in fast mode each call draws one Philox offset on (device-side counters), leaves
 its scratch zeroed, and any split of either stream gives the same tokens. The peers refuse the rule
 with a reason. Its χ² exactness: test_logits_exactness.py.
 """
@@ -38,7 +38,8 @@ PARITY_CONFIGS = {
     "all_sampled_bonus": LogitsConfig(3, 3, vocab_size=97, temperatures=(0.8, 1.7), draft_noise=0.0, seed=4),
     "early_rejections": LogitsConfig(4, 4, vocab_size=250, draft_noise=3.0, seed=5),
 }
-FAST_CASES = ("fused_logits_fast_is_deterministic", "fused_logits_fast_equals_vllm_v2_style_fast",
+FAST_CASES = ("fused_logits_fast_advances_its_offset", "vllm_v2_style_fast_advances_its_offset",
+              "fused_logits_fast_equals_vllm_v2_style_fast",
               "fused_logits_leaves_scratch_clean", "stats_plan_covers_the_row", "fused_logits_any_split_agrees")
 # rule="block" in fused_logits; "greedy_drafts" zeroes the draft temperature of every other request and
 # "bad_tokens" writes draft ids outside [0, V) (both edits in _block_workload).
@@ -54,7 +55,7 @@ BLOCK_PARITY_CONFIGS = {
     "g16_b3_bf16_mixed": LogitsConfig(3, 16, vocab_size=37, logits_dtype="bfloat16", draft_noise=0.3, seed=19),
     "g16_b1_fp32_sampled": LogitsConfig(1, 16, vocab_size=50, temperatures=(0.9,), draft_noise=0.2, seed=20),
 }
-BLOCK_FAST_CASES = ("block_fast_is_deterministic", "block_leaves_scratch_clean", "block_any_split_agrees")
+BLOCK_FAST_CASES = ("block_fast_advances_its_offset", "block_leaves_scratch_clean", "block_any_split_agrees")
 CASES = (tuple(f"parity_{name}_{config}" for name in KERNEL_IMPLS for config in PARITY_CONFIGS) + FAST_CASES
          + tuple(f"parity_block_{config}" for config in BLOCK_PARITY_CONFIGS)
          + ("parity_block_hand_checked",) + BLOCK_FAST_CASES)
@@ -125,10 +126,7 @@ def _run_cases() -> dict[str, str | None]:
         return {key: value.clone() for key, value in run().items()}
 
     def deterministic():
-        run = fused.prepare(fast)
-        first, second, fresh = snapshot(run), snapshot(run), snapshot(fused.prepare(fast))
-        same = all(torch.equal(first[k], second[k]) and torch.equal(first[k], fresh[k]) for k in first)
-        return None if same else f"tokens changed between launches: {first['output_tokens']} vs {second['output_tokens']}"
+        return fast_mode_advances(fused, fast, snapshot)
 
     def equals_vllm():
         a, b = snapshot(fused.prepare(fast)), snapshot(vllm.prepare(fast))
@@ -169,7 +167,11 @@ def _run_cases() -> dict[str, str | None]:
         same = all(torch.equal(tokens, seen[0]) for tokens in seen)
         return None if same else f"tokens differ by split: {seen}"
 
-    for case, run in zip(FAST_CASES, (deterministic, equals_vllm, scratch_clean, plan_covers, any_split), strict=True):
+    def vllm_advances():
+        return fast_mode_advances(vllm, fast, snapshot)
+
+    for case, run in zip(FAST_CASES, (deterministic, vllm_advances, equals_vllm, scratch_clean, plan_covers, any_split),
+                         strict=True):
         record(case, run)
     _run_block_cases(record, snapshot)
     return verdicts
@@ -208,6 +210,23 @@ def _hand_checked_block_workload():
         exponential_noise=torch.tensor([[0.01, 1.0, 1.0, 1.0], [1.0, 1.0, 0.1, 1.0], [1.0, 1.0, 0.1, 1.0]]))
 
 
+def fast_mode_advances(impl, fast, snapshot) -> str | None:
+    """A prepared run's n-th call in fast mode draws at offset + n, on the device (no host work): it equals
+    the first call of a run prepared at that offset, and the run's counters end one step on per call."""
+    import torch
+
+    run = impl.prepare(fast)
+    first, second = snapshot(run), snapshot(run)
+    at_offset = snapshot(impl.prepare(fast))
+    one_on = snapshot(impl.prepare(fast.with_randomness("fast", fast.offset + 1)))
+    if not all(torch.equal(first[k], at_offset[k]) and torch.equal(second[k], one_on[k]) for k in first):
+        return f"calls 1, 2 {first['output_tokens']}, {second['output_tokens']} != runs at offsets "\
+               f"{fast.offset}, {fast.offset + 1}: {at_offset['output_tokens']}, {one_on['output_tokens']}"
+    if not bool((run.philox_offsets == fast.offset + 2).all()):
+        return f"offsets after two calls: {run.philox_offsets.tolist()}, expected {fast.offset + 2}"
+    return None
+
+
 def _run_block_cases(record, snapshot) -> None:
     import torch
 
@@ -224,10 +243,7 @@ def _run_block_cases(record, snapshot) -> None:
     fast = make_logits_workload(LogitsConfig(3, 3, vocab_size=64, rule="block", seed=21)).with_randomness("fast", 2)
 
     def deterministic():
-        run = fused.prepare(fast)
-        first, second, fresh = snapshot(run), snapshot(run), snapshot(fused.prepare(fast))
-        same = all(torch.equal(first[k], second[k]) and torch.equal(first[k], fresh[k]) for k in first)
-        return None if same else f"tokens changed between launches: {first['output_tokens']} vs {second['output_tokens']}"
+        return fast_mode_advances(fused, fast, snapshot)
 
     def inputs(w):
         return kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
