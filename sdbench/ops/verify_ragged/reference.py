@@ -7,11 +7,12 @@ import torch
 
 def draft_positions(cu_num_draft_tokens: torch.Tensor, total: int):
     """(starts [B], lengths [B], request [T], local [T]): each request's first draft and γ_i, and for each of
-    the T flattened drafts its request and its position inside that request."""
+    the T flattened drafts its request and its position inside that request. Sync-free: the total is
+    given, so repeat_interleave need not read the lengths for its shape (valid offsets only)."""
     cu = cu_num_draft_tokens.to(torch.int64)
     starts = torch.cat([cu.new_zeros(1), cu[:-1]])
     lengths = cu - starts
-    request = torch.repeat_interleave(torch.arange(cu.shape[0], device=cu.device), lengths)
+    request = torch.repeat_interleave(torch.arange(cu.shape[0], device=cu.device), lengths, output_size=total)
     local = torch.arange(total, device=cu.device) - starts[request]
     return starts, lengths, request, local
 
