@@ -113,23 +113,83 @@ def test_torch_eager_fast_mode_draws_fresh_numbers_each_call():
     assert parity.compare(_reference(w), run()) is not None  # it does not read the supplied numbers
 
 
-def test_parity_rejects_a_kernel_that_forgets_the_bonus_row_shift():
-    """A kernel reading request i's rows from cu[i-1] instead of cu[i-1] + i fails parity: the check can fail."""
+def unshifted(workload):
+    """workload with target rows moved so that a correct kernel reads what one that forgets the one-row
+    shift per earlier request (request i's rows from cu[i-1], not cu[i-1] + i) would read."""
     from sdbench.ops.verify_ragged.reference import draft_positions
 
+    cu = workload.cu_num_draft_tokens
+    batch, total = cu.shape[0], workload.draft_tokens.shape[0]
+    starts = draft_positions(cu, total)[0]
+    _, _, slot_request, slot_local = draft_positions(cu + torch.arange(batch, device=cu.device) + 1, total + batch)
+    return dataclasses.replace(workload, target_probs=workload.target_probs[starts[slot_request] + slot_local])
+
+
+def test_parity_rejects_a_kernel_that_forgets_the_bonus_row_shift():
+    """The check can fail: the reference on unshifted rows differs from the reference."""
     w = make_ragged_prob_workload(VerifyConfig(6, 4, 0.6, vocab_size=50, seed=8))
-
-    def unshifted(workload):
-        cu = workload.cu_num_draft_tokens
-        batch, total = cu.shape[0], workload.draft_tokens.shape[0]
-        starts = draft_positions(cu, total)[0]
-        _, _, slot_request, slot_local = draft_positions(cu + torch.arange(batch) + 1, total + batch)
-        moved = dataclasses.replace(workload, target_probs=workload.target_probs[starts[slot_request] + slot_local])
-        return lambda: _reference(moved)
-
     wrong = registry.Implementation(op=OP, name="unshifted", backend="torch", description="", devices=("cpu",),
-                                    prepare=unshifted)
+                                    prepare=lambda workload: lambda: _reference(unshifted(workload)))
     assert parity.check(wrong, w) is not None
+
+
+# --- exactness in distribution (χ², the machinery of tests/ops/prob_verify/test_prob_exactness.py) --------
+def ragged_rounds(rounds: int, device: str = "cpu", seed: int = 1):
+    """(ragged, padded): `rounds` requests over the same p [3, V], q [2, V] (V = 16), drafting 0, 1, 2
+    tokens in turn, and the padded workload they were cut from."""
+    from test_prob_exactness import fixed_distributions, make_rounds
+
+    p, q = fixed_distributions()
+    padded = make_rounds(p, q, rounds=rounds, device=device, seed=seed)
+    return cut_to_lengths(padded, torch.arange(rounds) % 3), padded
+
+
+def ragged_pvalues(outputs, w, padded) -> dict[str, float]:
+    """χ² p-values per draft length g: every request's first emitted token ~ p_0 (γ_i = 0: its bonus draw);
+    for g >= 1 the padded checks (acceptance, second token, bonus token) on the requests drafting g."""
+    from test_prob_exactness import chi_square_pvalue, exactness_pvalues, stored_distributions, token_counts
+
+    p, q = stored_distributions(padded)
+    lengths = w.draft_lengths.cpu()
+    slots = (torch.cat([w.cu_num_draft_tokens.new_zeros(1), w.cu_num_draft_tokens[:-1]]).cpu()
+             + torch.arange(lengths.numel()))
+    tokens, accepted = outputs["output_tokens"].cpu(), outputs["accepted_lengths"].cpu()
+    pvalues = {}
+    for gamma in (0, 1, 2):
+        mine = lengths == gamma
+        emitted = tokens[slots[mine][:, None] + torch.arange(gamma + 1)]
+        if gamma == 0:
+            pvalues["bonus_only_first_token"] = chi_square_pvalue(token_counts(emitted[:, 0], p.shape[1]), p[0])
+            continue
+        checks = exactness_pvalues({"output_tokens": emitted, "accepted_lengths": accepted[mine]}, p[:gamma + 1],
+                                   q[:gamma])
+        pvalues.update({f"g{gamma}_{name}": value for name, value in checks.items()})
+    return pvalues
+
+
+@pytest.fixture(scope="module")
+def chi2_helpers_on_path():
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parents[1] / "prob_verify")
+    sys.path.insert(0, here)
+    yield
+    sys.path.remove(here)
+
+
+def test_torch_eager_fast_mode_is_exact_and_the_row_shift_check_can_fail(chi2_helpers_on_path):
+    from test_prob_exactness import SIGNIFICANCE
+
+    w, padded = ragged_rounds(60_000)
+    w = w.with_randomness("fast")
+    eager = registry.get(OP, "torch_eager")
+    torch.manual_seed(3)
+    pvalues = ragged_pvalues(eager.prepare(w)(), w, padded)
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+    wrong = ragged_pvalues(eager.prepare(unshifted(w))(), w, padded)
+    # with lengths 0, 1, 2 in turn the unshifted bonus row of every other one-draft request is p_0, not p_1
+    assert wrong["g1_bonus_token"] < SIGNIFICANCE, wrong
 
 
 def test_prob_bytes_of_ragged_lengths():
