@@ -104,6 +104,17 @@ def test_torch_eager_follows_the_input_contract():
     assert parity.check(registry.get(OP, "torch_eager"), bad_token_workload("int32")) is None
 
 
+@pytest.mark.parametrize("bad", [[5, 2, 1014, -7, 1 << 40], [3, 20, 20, 20, 20], [-1, -1, -1, -1, -1]],
+                         ids=["decreasing-huge-negative", "past-T", "all-negative"])
+def test_torch_eager_stays_in_bounds_on_bad_offsets(bad):
+    """Its answer is defined on valid offsets only, but any offsets index inside the inputs (on the CPU an
+    index outside them raises)."""
+    w = make_ragged_prob_workload(VerifyConfig(5, 5, 0.7, vocab_size=40, seed=9), draft_lengths=torch.tensor([3, 5, 0, 2, 4]))
+    out = registry.get(OP, "torch_eager").prepare(dataclasses.replace(w, cu_num_draft_tokens=torch.tensor(bad)))()
+    assert bool(((out["next_tokens"] >= 0) & (out["next_tokens"] < 40)).all())
+    assert bool((out["accepted_lengths"] >= 0).all()) and bool((out["accepted_lengths"] <= 14).all())
+
+
 def test_torch_eager_fast_mode_draws_fresh_numbers_each_call():
     w = make_ragged_prob_workload(VerifyConfig(16, 4, 0.5, vocab_size=200, seed=7)).with_randomness("fast")
     torch.manual_seed(0)
