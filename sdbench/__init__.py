@@ -5,6 +5,7 @@ Library API (sdbench.api; imported on first use, so the CLI starts without loadi
     sdbench.pack(draft_kv, accepted_lengths, impl="pack_cuda")
     sdbench.verify_pack(draft_tokens, target_tokens, draft_kv, impl="auto", expected_alpha=None)
     sdbench.prob_verify(draft_tokens, target_probs, draft_probs, impl="fused", seed=0)  # rejection sampling
+    ...(..., cu_num_draft_tokens=cu)  # verify, verify_pack, prob_verify: ragged γ_i, flattened inputs
     sdbench.check(outputs)   # raise on bad input flagged by the kernels (reads the flags: a sync)
 """
 

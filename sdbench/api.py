@@ -1,4 +1,4 @@
-"""The library API: `sdbench.verify`, `sdbench.pack`, `sdbench.verify_pack`.
+"""The library API: `sdbench.verify`, `sdbench.pack`, `sdbench.verify_pack`, `sdbench.prob_verify`.
 
     out = sdbench.verify_pack(draft_tokens, target_tokens, draft_kv, impl="auto", expected_alpha=0.8)
     out["accepted_lengths"], out["packed_kv"][: ...], out["packed_offsets"], out["next_tokens"]
@@ -10,6 +10,12 @@ torch.ops.sdbench), so results never depend on which one ran:
 - verify:      accepted_lengths int64 [B], has_mismatch bool [B], next_tokens [B] (token dtype)
 - pack:        packed_kv [B·γ, kv_dim] (KV dtype; rows past Σ k_i are unspecified), packed_offsets int64 [B]
 - verify_pack: all five.
+Ragged draft lengths (`cu_num_draft_tokens=`, int64 [B]: the flattened layout serving engines use) route
+`verify`, `verify_pack` and `prob_verify` to the registry's verify_ragged, verify_pack_ragged and
+prob_verify_ragged: draft_tokens [T], target_tokens [T + B] (request i's drafts at [cu[i-1], cu[i]), its
+targets at [cu[i-1] + i, cu[i] + i + 1)), draft_kv [T, kv_dim], packed_kv [T, kv_dim]. Only shapes are
+checked: the offsets' values are never read on the host (that would sync); kernels clamp bad offsets so
+nothing outside the inputs is read or written.
 CPU tensors run the eager PyTorch reference (`torch_eager`) whatever impl is asked for, unless that
 implementation runs on the CPU itself. Values are never checked here (that would read the device: a host
 sync): bad values (accepted lengths outside [0, γ] given to `pack`) follow the input contract
@@ -70,6 +76,11 @@ def _check_tokens(draft_tokens, target_tokens) -> tuple[int, int]:
             f"target_tokens must be [batch, gamma + 1] = [{batch}, {gamma + 1}] for draft_tokens {_shape(draft)} "
             f"(the extra position holds the bonus token), got {_shape(target)}"
         )
+    _check_token_pair(draft, target)
+    return batch, gamma
+
+
+def _check_token_pair(draft: torch.Tensor, target: torch.Tensor) -> None:
     if draft.dtype not in TOKEN_TORCH_DTYPES:
         raise SdbenchError(f"draft_tokens dtype {_dtype_name(draft.dtype)} is not a token dtype: use int64 or int32 "
                            "(e.g. draft_tokens.long())")
@@ -78,7 +89,59 @@ def _check_tokens(draft_tokens, target_tokens) -> tuple[int, int]:
                            f"{_dtype_name(draft.dtype)}: convert one (e.g. target_tokens.to(draft_tokens.dtype))")
     if target.device != draft.device:
         raise SdbenchError(f"target_tokens is on {target.device} but draft_tokens on {draft.device}: move both to one device")
-    return batch, gamma
+
+
+# --- the ragged layout (cu_num_draft_tokens=): shapes only, the offsets' values are never read (a sync) -----
+def _check_offsets(cu_num_draft_tokens, device: torch.device) -> int:
+    """The batch B of cu_num_draft_tokens (int64 [B], B >= 1, contiguous, on device)."""
+    cu = _require_tensor("cu_num_draft_tokens", cu_num_draft_tokens)
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise SdbenchError(f"cu_num_draft_tokens must be 1-D [batch] with batch >= 1 (the inclusive prefix sum of each "
+                           f"request's draft count), got shape {_shape(cu)}")
+    if cu.dtype != torch.int64:
+        raise SdbenchError(f"cu_num_draft_tokens must be int64, got {_dtype_name(cu.dtype)}: use cu_num_draft_tokens.long()")
+    if cu.device != device:
+        raise SdbenchError(f"cu_num_draft_tokens is on {cu.device} but draft_tokens on {device}: move them to one device")
+    if not cu.is_contiguous():
+        raise SdbenchError("cu_num_draft_tokens must be contiguous (pass cu_num_draft_tokens.contiguous())")
+    return cu.shape[0]
+
+
+def _check_ragged_drafts(draft_tokens, cu_num_draft_tokens) -> tuple[int, int]:
+    """(B, T): draft_tokens [T] (every request's drafts end to end, T >= 0) beside cu_num_draft_tokens [B]."""
+    draft = _require_tensor("draft_tokens", draft_tokens)
+    if draft.dim() != 1:
+        raise SdbenchError(f"draft_tokens must be 1-D [T] (every request's drafts end to end) when cu_num_draft_tokens "
+                           f"is given, got shape {_shape(draft)}")
+    if draft.dtype not in TOKEN_TORCH_DTYPES:
+        raise SdbenchError(f"draft_tokens dtype {_dtype_name(draft.dtype)} is not a token dtype: use int64 or int32")
+    if not draft.is_contiguous():
+        raise SdbenchError("draft_tokens must be contiguous (pass draft_tokens.contiguous())")
+    return _check_offsets(cu_num_draft_tokens, draft.device), draft.shape[0]
+
+
+def _check_ragged_tokens(draft_tokens, target_tokens, cu_num_draft_tokens) -> tuple[int, int]:
+    batch, total = _check_ragged_drafts(draft_tokens, cu_num_draft_tokens)
+    target = _require_tensor("target_tokens", target_tokens)
+    if tuple(target.shape) != (total + batch,):
+        raise SdbenchError(f"target_tokens must be [T + batch] = [{total + batch}] for draft_tokens [{total}] and "
+                           f"{batch} requests (each request's γ_i + 1 targets, its bonus token last), got {_shape(target)}")
+    _check_token_pair(draft_tokens, target)
+    if not target.is_contiguous():
+        raise SdbenchError("target_tokens must be contiguous (pass target_tokens.contiguous())")
+    return batch, total
+
+
+def _ragged_workload(batch: int, total: int, draft_tokens, target_tokens, cu_num_draft_tokens, draft_kv=None):
+    """The registry's ragged workload over the caller's tensors. γ_max is T: an upper bound known from the
+    shapes (the kernels size no result on it, only their scan width and grid, capped); the oracle fields
+    are placeholders no implementation reads."""
+    from sdbench.ops.verify_ragged.workload import RaggedVerifyWorkload
+
+    unread = torch.empty(batch, dtype=torch.int64, device=draft_tokens.device)
+    return RaggedVerifyWorkload(config=_config(batch, max(total, 1), draft_tokens.dtype, None), draft_tokens=draft_tokens,
+                                target_tokens=target_tokens, cu_num_draft_tokens=cu_num_draft_tokens,
+                                draft_lengths=unread, accepted_lengths=unread, draft_kv=draft_kv)
 
 
 def _check_kv(draft_kv, batch: int | None, gamma: int | None, device: torch.device | None, allow_float32: bool) -> None:
@@ -262,6 +325,10 @@ def _run(op: str, entry: registry.Implementation, *, draft_tokens=None, target_t
         accepted_lengths=accepted_lengths if accepted_lengths is not None else torch.empty(batch, dtype=torch.int64, device=device),
         draft_kv=draft_kv,
     )
+    return _launch(entry, workload, buffers)
+
+
+def _launch(entry: registry.Implementation, workload, buffers: Outputs) -> Outputs:
     if entry.writes_into:
         produced = entry.prepare(workload, out=buffers)()
     else:
@@ -313,8 +380,19 @@ def previous_step_alpha(device: torch.device | str) -> float | None:
 
 # --- public API ------------------------------------------------------------------------------------
 def verify(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, *, impl: str = "ballot",
-           out: Outputs | None = None) -> Outputs:
-    """Greedy verification: accepted_lengths, has_mismatch, next_tokens (see the module docstring)."""
+           out: Outputs | None = None, cu_num_draft_tokens: torch.Tensor | None = None) -> Outputs:
+    """Greedy verification: accepted_lengths, has_mismatch, next_tokens (see the module docstring).
+
+    cu_num_draft_tokens (int64 [B]): the ragged layout (op verify_ragged): draft_tokens [T], target_tokens
+    [T + B], request i's γ_i drafts at [cu[i-1], cu[i]) and its γ_i + 1 targets at [cu[i-1] + i, cu[i] + i + 1)."""
+    if cu_num_draft_tokens is not None:
+        batch, total = _check_ragged_tokens(draft_tokens, target_tokens, cu_num_draft_tokens)
+        entry = _resolve("verify_ragged", impl, draft_tokens.device)
+        specs = _output_specs(batch, 0, draft_tokens.dtype, None, None, VERIFY_OUTPUTS)
+        buffers = _outputs(out, specs, draft_tokens.device, {"draft_tokens": draft_tokens, "target_tokens": target_tokens,
+                                                             "cu_num_draft_tokens": cu_num_draft_tokens})
+        workload = _ragged_workload(batch, total, draft_tokens, target_tokens, cu_num_draft_tokens)
+        return _launch(entry, workload, buffers)
     batch, gamma = _check_tokens(draft_tokens, target_tokens)
     device = draft_tokens.device
     entry = _resolve("verify", impl, device)
@@ -344,20 +422,24 @@ def pack(draft_kv: torch.Tensor, accepted_lengths: torch.Tensor, *, impl: str = 
 
 
 def verify_pack(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, draft_kv: torch.Tensor, *,
-                impl: str = "auto", expected_alpha: float | None = None, out: Outputs | None = None) -> Outputs:
+                impl: str = "auto", expected_alpha: float | None = None, out: Outputs | None = None,
+                cu_num_draft_tokens: torch.Tensor | None = None) -> Outputs:
     """Verify, then pack the accepted KV, in one call; impl="auto" picks fused or two-step by size.
 
     expected_alpha: expected accepted fraction E[k] / γ in [0, 1] (auto only); None uses the previous
     auto step's mean on this device when known, else 1.0.
+
+    cu_num_draft_tokens (int64 [B]): the ragged layout (op verify_pack_ragged), as verify's, with draft_kv
+    [T, kv_dim] laid out like the drafts; packed_kv is then [T, kv_dim] (the first Σ k_i rows valid).
+    "auto" is sdbench's ragged pipeline (RAGGED_PACK_DEFAULT_IMPL); expected_alpha is validated, not used.
     """
+    _check_alpha(expected_alpha)
+    if cu_num_draft_tokens is not None:
+        return _verify_pack_ragged(draft_tokens, target_tokens, draft_kv, cu_num_draft_tokens, impl, out)
     batch, gamma = _check_tokens(draft_tokens, target_tokens)
     device = draft_tokens.device
     _check_kv(draft_kv, batch, gamma, device, allow_float32=device.type == "cpu")
     kv_dim = draft_kv.shape[2]
-    if expected_alpha is not None and not (isinstance(expected_alpha, numbers.Real) and not isinstance(expected_alpha, bool)
-                                           and 0.0 <= expected_alpha <= 1.0):
-        raise SdbenchError(f"expected_alpha must be a number in [0, 1] (the expected accepted fraction E[k]/γ), "
-                           f"got {expected_alpha!r}")
     track = False
     if impl == "auto":
         alpha = expected_alpha
@@ -380,6 +462,42 @@ def verify_pack(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, draft_k
     if track:
         _previous.setdefault(str(device), _PreviousMean()).record(outputs["accepted_lengths"], gamma)
     return outputs
+
+
+RAGGED_PACK_DEFAULT_IMPL = "block_triton+pack_triton"
+
+
+def _check_alpha(expected_alpha) -> None:
+    if expected_alpha is not None and not (isinstance(expected_alpha, numbers.Real) and not isinstance(expected_alpha, bool)
+                                           and 0.0 <= expected_alpha <= 1.0):
+        raise SdbenchError(f"expected_alpha must be a number in [0, 1] (the expected accepted fraction E[k]/γ), "
+                           f"got {expected_alpha!r}")
+
+
+def _verify_pack_ragged(draft_tokens, target_tokens, draft_kv, cu_num_draft_tokens, impl: str, out) -> Outputs:
+    batch, total = _check_ragged_tokens(draft_tokens, target_tokens, cu_num_draft_tokens)
+    device = draft_tokens.device
+    kv = _require_tensor("draft_kv", draft_kv)
+    if kv.dim() != 2 or kv.shape[0] != total or kv.shape[1] < 1:
+        raise SdbenchError(f"draft_kv must be [T, kv_dim] = [{total}, kv_dim] with kv_dim >= 1 (laid out like "
+                           f"draft_tokens) when cu_num_draft_tokens is given, got {_shape(kv)}")
+    if impl == "auto":
+        entry = _resolve_or_eager("verify_pack_ragged", RAGGED_PACK_DEFAULT_IMPL, device)
+    else:
+        entry = _resolve("verify_pack_ragged", impl, device)
+    allowed = KV_TORCH_DTYPES + ((torch.float32,) if entry.name == EAGER else ())
+    if kv.dtype not in allowed:
+        raise SdbenchError(f"draft_kv dtype {_dtype_name(kv.dtype)} is not supported here: use "
+                           f"{' or '.join(_dtype_name(d) for d in allowed)} (e.g. draft_kv.half())")
+    if kv.device != device:
+        raise SdbenchError(f"draft_kv is on {kv.device} but the tokens on {device}: move them to one device")
+    _check_contiguous(entry.name, draft_kv=kv)
+    specs = _output_specs(batch, 0, draft_tokens.dtype, kv.shape[1], kv.dtype, VERIFY_OUTPUTS + PACK_OUTPUTS)
+    specs["packed_kv"] = ((total, kv.shape[1]), kv.dtype)
+    buffers = _outputs(out, specs, device, {"draft_tokens": draft_tokens, "target_tokens": target_tokens,
+                                            "cu_num_draft_tokens": cu_num_draft_tokens, "draft_kv": kv})
+    workload = _ragged_workload(batch, total, draft_tokens, target_tokens, cu_num_draft_tokens, kv)
+    return _launch(entry, workload, buffers)
 
 
 def check(outputs: Outputs) -> None:
@@ -455,7 +573,8 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = 
                 draft_logits: torch.Tensor | None = None, target_temperature: torch.Tensor | None = None,
                 draft_temperature: torch.Tensor | None = None, impl: str | None = None, seed: int = 0,
                 offset: int = 0, uniforms: torch.Tensor | None = None, exponential_noise: torch.Tensor | None = None,
-                logprobs: bool = False, out: Outputs | None = None) -> Outputs:
+                logprobs: bool = False, out: Outputs | None = None,
+                cu_num_draft_tokens: torch.Tensor | None = None) -> Outputs:
     """Probabilistic verification (Leviathan rejection sampling with the residual draw): the target's
     distribution exactly, whatever the draft's.
 
@@ -481,11 +600,24 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = 
     `target_temperature` and `draft_temperature` (float32 [B]; 0 = greedy for that request) instead of the
     probabilities: p and q are softmax(logits / T), computed inside the kernels (default impl
     `fused_logits`; the token-wise rule).
+
+    Ragged draft lengths: pass `cu_num_draft_tokens` (int64 [B], the inclusive prefix sum of γ_i) with the
+    flattened inputs draft_tokens [T], draft_probs [T, V] (laid out like the drafts) and target_probs
+    [T + B, V] (request i's γ_i + 1 rows at [cu[i-1] + i, cu[i] + i + 1), its bonus row last); supplied
+    randomness is uniforms [T] and exponential_noise [B, V]. Outputs: accepted_lengths [B] (k_i <= γ_i),
+    next_tokens [B], output_tokens [T + B] laid out like the target rows, error_flags [B] (op
+    prob_verify_ragged, default impl `fused`; probabilities only). γ_i = 0 is allowed: the bonus draw alone.
     """
     from_logits = target_logits is not None or draft_logits is not None
     if from_logits == (target_probs is not None or draft_probs is not None):
         raise SdbenchError("give the probabilities (target_probs, draft_probs) or the logits (target_logits, "
                            "draft_logits, with target_temperature and draft_temperature), one of the two")
+    if cu_num_draft_tokens is not None:
+        if from_logits:
+            raise SdbenchError("cu_num_draft_tokens (the ragged layout) takes probabilities (target_probs, draft_probs); "
+                               "from logits, pass the padded [B, γ + 1, V] layout")
+        return _prob_verify_ragged(draft_tokens, target_probs, draft_probs, cu_num_draft_tokens, impl or PROB_DEFAULT_IMPL,
+                                   seed, offset, uniforms, exponential_noise, logprobs, out)
     if from_logits:
         return _prob_verify_logits(draft_tokens, target_logits, draft_logits, target_temperature, draft_temperature,
                                    impl or "fused_logits", seed, offset, uniforms, exponential_noise, out)
@@ -495,7 +627,7 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = 
     batch, gamma, vocab = _check_prob_inputs(draft_tokens, target_probs, draft_probs, uniforms, exponential_noise)
     device = draft_tokens.device
     _check_seed(seed, offset)
-    entry = _resolve_prob("prob_verify", impl, device)
+    entry = _resolve_or_eager("prob_verify", impl, device)
     key = _prob_key(entry.name, (draft_tokens, target_probs, draft_probs, uniforms, exponential_noise), seed, logprobs)
     run = _bound(key)
     if run is None:
@@ -542,7 +674,9 @@ def _bound(key: tuple):
     return run
 
 
-def _resolve_prob(op: str, impl: str, device: torch.device) -> registry.Implementation:
+def _resolve_or_eager(op: str, impl: str, device: torch.device) -> registry.Implementation:
+    """The entry, or on CPU tensors the eager reference when the entry cannot run here (a Triton kernel
+    without the interpreter); elsewhere an entry that cannot run is an error."""
     entry = registry.get(op, impl)
     if device.type not in entry.devices or entry.unavailable_reason(device) is not None:
         if device.type != "cpu":
@@ -565,7 +699,7 @@ def _prob_verify_logits(draft_tokens, target_logits, draft_logits, target_temper
             raise SdbenchError(f"{name} must be float32 [{batch}] on {device} (0 = greedy for that request), got "
                                f"{_dtype_name(tensor.dtype)} {_shape(tensor)} on {tensor.device}")
     _check_seed(seed, offset)
-    entry = _resolve_prob("prob_verify_logits", impl, device)
+    entry = _resolve_or_eager("prob_verify_logits", impl, device)
     tensors = (draft_tokens, target_logits, draft_logits, target_temperature, draft_temperature, uniforms,
                exponential_noise)
     key = _prob_key(f"logits:{entry.name}", tensors, seed, False)
@@ -589,14 +723,18 @@ def _prob_verify_logits(draft_tokens, target_logits, draft_logits, target_temper
     return _prob_outputs(run(), out, draft_tokens, (target_logits, draft_logits))
 
 
-def _prob_outputs(produced: Outputs, out: Outputs | None, draft_tokens: torch.Tensor, inputs: tuple) -> Outputs:
-    """The binding's outputs, copied into the caller's `out=` buffers where given."""
+def _prob_outputs(produced: Outputs, out: Outputs | None, draft_tokens: torch.Tensor, inputs: tuple,
+                  output_tokens_shape: tuple[int, ...] | None = None) -> Outputs:
+    """The binding's outputs, copied into the caller's `out=` buffers where given. output_tokens is
+    [B, γ + 1] (padded) unless its shape is given (ragged: [T + B])."""
     if out is None:
         return produced
-    batch, gamma = draft_tokens.shape
+    batch = produced["accepted_lengths"].shape[0]
+    if output_tokens_shape is None:
+        output_tokens_shape = (batch, draft_tokens.shape[1] + 1)
     device = draft_tokens.device
     specs = {"accepted_lengths": ((batch,), torch.int64), "next_tokens": ((batch,), draft_tokens.dtype),
-             "output_tokens": ((batch, gamma + 1), draft_tokens.dtype)}
+             "output_tokens": (output_tokens_shape, draft_tokens.dtype)}
     if not isinstance(out, dict):
         raise SdbenchError(f"out must be a dict of output tensors keyed by {', '.join(specs)}, got {type(out).__name__}")
     unknown = sorted(set(out) - set(specs))
@@ -606,3 +744,70 @@ def _prob_outputs(produced: Outputs, out: Outputs | None, draft_tokens: torch.Te
                        {"draft_tokens": draft_tokens, "target_scores": inputs[0], "draft_scores": inputs[1]})
     _copy_into(buffers, produced)  # only the buffers asked for
     return {**produced, **buffers}
+
+
+def _check_ragged_prob_inputs(draft_tokens, target_probs, draft_probs, cu_num_draft_tokens, uniforms,
+                              exponential_noise) -> tuple[int, int, int]:
+    """(B, T, V) of the flattened layout; shapes, dtypes, devices and contiguity only."""
+    batch, total = _check_ragged_drafts(draft_tokens, cu_num_draft_tokens)
+    device = draft_tokens.device
+    target, q = _require_tensor("target_probs", target_probs), _require_tensor("draft_probs", draft_probs)
+    if target.dim() != 2 or target.shape[0] != total + batch or target.shape[1] < 2:
+        raise SdbenchError(f"target_probs must be [T + batch, V] = [{total + batch}, V] with V >= 2 for draft_tokens "
+                           f"[{total}] and {batch} requests (each request's γ_i + 1 rows, its bonus row last), got "
+                           f"{_shape(target)}")
+    vocab = target.shape[1]
+    if tuple(q.shape) != (total, vocab):
+        raise SdbenchError(f"draft_probs must be [T, V] = [{total}, {vocab}] (laid out like draft_tokens), got {_shape(q)}")
+    if target.dtype not in PROB_TORCH_DTYPES or q.dtype != target.dtype:
+        raise SdbenchError(f"target_probs and draft_probs must share a dtype, float32 or bfloat16; got "
+                           f"{_dtype_name(target.dtype)} and {_dtype_name(q.dtype)}")
+    for name, tensor in (("target_probs", target), ("draft_probs", q)):
+        if tensor.device != device:
+            raise SdbenchError(f"{name} is on {tensor.device} but draft_tokens on {device}: move them to one device")
+        if tensor.stride(-1) != 1:
+            raise SdbenchError(f"{name} needs a contiguous last dimension (pass {name}.contiguous())")
+    if (uniforms is None) != (exponential_noise is None):
+        raise SdbenchError("give both uniforms and exponential_noise (supplied randomness) or neither (the "
+                           "implementation draws its own from seed and offset)")
+    if uniforms is not None:
+        for name, tensor, shape in (("uniforms", uniforms, (total,)), ("exponential_noise", exponential_noise,
+                                                                        (batch, vocab))):
+            _require_tensor(name, tensor)
+            if tuple(tensor.shape) != shape or tensor.dtype != torch.float32 or tensor.device != device:
+                raise SdbenchError(f"{name} must be float32 [{', '.join(map(str, shape))}] on {device}, got "
+                                   f"{_dtype_name(tensor.dtype)} {_shape(tensor)} on {tensor.device}")
+            if not tensor.is_contiguous():
+                raise SdbenchError(f"{name} must be contiguous")
+    return batch, total, vocab
+
+
+def _prob_verify_ragged(draft_tokens, target_probs, draft_probs, cu_num_draft_tokens, impl: str, seed: int,
+                        offset: int, uniforms, exponential_noise, logprobs: bool, out) -> Outputs:
+    from sdbench.ops.prob_verify_ragged.workload import RaggedProbWorkload
+
+    batch, total, vocab = _check_ragged_prob_inputs(draft_tokens, target_probs, draft_probs, cu_num_draft_tokens,
+                                                    uniforms, exponential_noise)
+    device = draft_tokens.device
+    _check_seed(seed, offset)
+    entry = _resolve_or_eager("prob_verify_ragged", impl, device)
+    tensors = (draft_tokens, target_probs, draft_probs, cu_num_draft_tokens, uniforms, exponential_noise)
+    key = _prob_key(f"ragged:{entry.name}", tensors, seed, logprobs)
+    run = _bound(key)
+    if run is None:
+        # γ_max is T, an upper bound from the shapes (the offsets' values are never read): it sizes only the
+        # kernels' scan width and the serial peer's grid, both capped.
+        config = VerifyConfig(batch_size=batch, gamma=max(total, 1), vocab_size=vocab, seed=seed, logprobs=logprobs,
+                              token_dtype=_token_name(draft_tokens.dtype), prob_dtype=_dtype_name(target_probs.dtype))
+        supplied = uniforms is not None
+        workload = RaggedProbWorkload(
+            config=config, draft_tokens=draft_tokens, target_probs=target_probs, draft_probs=draft_probs,
+            cu_num_draft_tokens=cu_num_draft_tokens, draft_lengths=torch.empty(batch, dtype=torch.int64, device=device),
+            # fast mode reads neither: placeholders of the right shape (the noise one is a broadcast row)
+            uniforms=uniforms if supplied else torch.empty(total, dtype=torch.float32, device=device),
+            exponential_noise=(exponential_noise if supplied else
+                               torch.ones(vocab, dtype=torch.float32, device=device).expand(batch, vocab)),
+            randomness="supplied" if supplied else "fast", offset=offset,
+        )
+        run = _bind(key, entry.prepare(workload))
+    return _prob_outputs(run(), out, draft_tokens, (target_probs, draft_probs), output_tokens_shape=(total + batch,))

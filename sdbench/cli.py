@@ -149,7 +149,7 @@ def default_device() -> str:
 # --- list --------------------------------------------------------------------------------------
 @command("list")
 def list_command(
-    op: Annotated[str | None, typer.Option(help="Only this operation (verify, pack, verify_pack, prob_verify, verify_ragged, verify_pack_ragged).")] = None,
+    op: Annotated[str | None, typer.Option(help="Only this operation (verify, pack, verify_pack, prob_verify, verify_ragged, verify_pack_ragged, prob_verify_ragged).")] = None,
     device: Annotated[str | None, typer.Option(help="Check availability on this device (default: cuda if present).")] = None,
     dispatch: Annotated[bool, typer.Option("--dispatch", help="Show what verify_pack(impl='auto') picks for --b/--gamma/--alpha/--kv-dim, and why.")] = False,
     b: Annotated[int | None, typer.Option("--b", help="--dispatch: batch size.")] = None,
@@ -328,12 +328,12 @@ def sweep_command(
     gamma: Annotated[str | None, typer.Option(help="Draft lengths γ (default: 8,64,128).")] = None,
     alpha: Annotated[str | None, typer.Option(help="Acceptance rates in [0, 1] (default: 0.3,0.6,0.9).")] = None,
     kv_dim: Annotated[str | None, typer.Option(help="KV widths, pack / verify_pack only (default: 128,512,1024,2048).")] = None,
-    vocab: Annotated[str | None, typer.Option(help="Vocabulary sizes; prob_verify sweeps them (default: 32000).")] = None,
+    vocab: Annotated[str | None, typer.Option(help="Vocabulary sizes; prob_verify and prob_verify_ragged sweep them (default: 32000).")] = None,
     impl: Annotated[str | None, typer.Option(help="Comma-separated implementation names (default: every one of --op).")] = None,
-    op: Annotated[str | None, typer.Option(help="verify, pack, verify_pack, prob_verify, verify_ragged or verify_pack_ragged (default: verify).")] = None,
+    op: Annotated[str | None, typer.Option(help="verify, pack, verify_pack, prob_verify, verify_ragged, verify_pack_ragged or prob_verify_ragged (default: verify).")] = None,
     dist: Annotated[str | None, typer.Option(help="Accepted-length distribution: binomial, geometric, fixed (--fixed-length), trace (--trace: k_i drawn from it), trace-rounds (one recorded round in batch order) or trace-rounds-sorted (that round sorted: the best batch order) (default: binomial).")] = None,
     fixed_length: Annotated[int | None, typer.Option(help="--dist fixed: every sequence accepts this many draft tokens.")] = None,
-    draft_lengths: Annotated[str | None, typer.Option(help="--op verify_ragged / verify_pack_ragged: draft lengths γ_i uniform in [0, γ], full (all γ) or bimodal (γ or 1) (default: uniform).")] = None,
+    draft_lengths: Annotated[str | None, typer.Option(help="--op verify_ragged / verify_pack_ragged / prob_verify_ragged: draft lengths γ_i uniform in [0, γ], full (all γ) or bimodal (γ or 1) (default: uniform).")] = None,
     trace: Annotated[str | None, typer.Option(help="--dist trace: a file of observed accepted lengths (integers).")] = None,
     device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if present).")] = None,
     out: Annotated[str, typer.Option(help="Results folder: one parquet part per config.")] = "results",
@@ -346,7 +346,7 @@ def sweep_command(
     run_id: Annotated[str | None, typer.Option(help="Run id shared by the rows (give shards the same one).")] = None,
     token_dtype: Annotated[str | None, typer.Option(help="Token dtypes: int64, int32 (default: int64).")] = None,
     kv_dtype: Annotated[str | None, typer.Option(help="KV dtypes: float16, bfloat16 (default: float16).")] = None,
-    prob_dtype: Annotated[str | None, typer.Option(help="prob_verify probability dtypes: float32, bfloat16 (default: float32).")] = None,
+    prob_dtype: Annotated[str | None, typer.Option(help="prob_verify / prob_verify_ragged probability dtypes: float32, bfloat16 (default: float32).")] = None,
     max_noise: Annotated[float | None, typer.Option(help="wall/graph: keep sampling while the median's relative standard error is above this (default 0.01).")] = None,
     max_time: Annotated[float | None, typer.Option(help="...for at most this many seconds per view and config (default 0.5; 0: exactly --iters samples).")] = None,
     min_time: Annotated[float | None, typer.Option(help="wall/graph: sample at least this many seconds per view and config, noisy or not (default 0; at most --max-time).")] = None,

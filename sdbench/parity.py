@@ -26,7 +26,7 @@ from sdbench.ops.pack import reference as pack_reference
 from sdbench.ops.prob_verify import reference
 from sdbench.ops.verify import reference as verify_reference
 from sdbench.ops.verify_pack import reference as verify_pack_reference
-from sdbench.ops.workload import VerifyConfig, VerifyWorkload
+from sdbench.ops.workload import DRAFT_LENGTH_DISTRIBUTIONS, VerifyConfig, VerifyWorkload
 from sdbench.registry import Implementation, Outputs
 
 # Values no correct kernel writes: negative lengths, a token outside any vocabulary, NaN-free KV
@@ -35,6 +35,7 @@ POISON_INT = -7777
 POISON_KV = -12345.0
 
 MAX_INPUT_BYTES = 512 * 2**20  # configs whose inputs would exceed this are skipped (and counted)
+PROB_OPS = ("prob_verify", "prob_verify_logits", "prob_verify_ragged")  # the prob grid (logits in place of p, q)
 
 
 def poison(outputs: Outputs, expected: Outputs | None = None) -> None:
@@ -75,6 +76,13 @@ def expected_outputs(op: str, workload: VerifyWorkload) -> Outputs:
         )
         atol = reference.PROB_FLOAT_ATOL[w.config.prob_dtype]
         return reference.ToleratedOutputs(outputs, {name: atol for name in reference.PROB_FLOAT_INTERMEDIATES})
+    if op == "prob_verify_ragged":
+        if w.randomness != "supplied":
+            raise ValueError("prob_verify_ragged parity needs supplied randomness: fast-mode draws have no reference")
+        from sdbench.ops.prob_verify_ragged.reference import prob_verify_ragged
+
+        return prob_verify_ragged(w.draft_tokens, w.target_probs, w.draft_probs, w.cu_num_draft_tokens, w.uniforms,
+                                  w.exponential_noise, logprobs=w.config.logprobs)
     if op == "verify":
         return verify_reference.verify(w.draft_tokens, w.target_tokens)
     if op == "pack":
@@ -257,7 +265,7 @@ def plan(op: str | None = None, impl_names: list[str] | None = None, quick: bool
 
 def input_bytes(op: str, cfg: VerifyConfig) -> int:
     """The largest input a config needs: the draft KV, or prob_verify's p, q and noise."""
-    if op not in ("prob_verify", "prob_verify_logits"):  # prob_verify_logits: logits in place of p, q
+    if op not in PROB_OPS:
         return cfg.kv_bytes
     elem = 4 if cfg.prob_dtype == "float32" else 2
     return cfg.batch_size * cfg.vocab_size * ((2 * cfg.gamma + 1) * elem + 4)
@@ -265,8 +273,8 @@ def input_bytes(op: str, cfg: VerifyConfig) -> int:
 
 def configs_for(op: str, grid: ParityGrid, seed: int = 0) -> Iterator[VerifyConfig]:
     """Every config of grid that op needs (verify and verify_ragged ignore KV widths and KV dtypes)."""
-    if op in ("prob_verify", "prob_verify_logits"):  # prob_verify_logits: batch, γ, V, dtype of the prob grid
-        yield from _prob_configs(grid, seed)
+    if op in PROB_OPS:  # prob_verify_logits: batch, γ, V, dtype of the prob grid
+        yield from _prob_configs(grid, seed, ragged=op == "prob_verify_ragged")
         return
     no_kv = op in ("verify", "verify_ragged")
     kv_dims = (0,) if no_kv else grid.kv_dims
@@ -282,14 +290,17 @@ def configs_for(op: str, grid: ParityGrid, seed: int = 0) -> Iterator[VerifyConf
         )
 
 
-def _prob_configs(grid: ParityGrid, seed: int) -> Iterator[VerifyConfig]:
+def _prob_configs(grid: ParityGrid, seed: int, ragged: bool = False) -> Iterator[VerifyConfig]:
+    """The prob grid; ragged cycles the γ_i distributions through it (γ_i = 0 and mixed lengths from
+    `uniform`, every request at γ_max from `full`, γ_max beside 1 from `bimodal`)."""
     points = itertools.product(
         grid.prob_batch_sizes, grid.prob_gammas, grid.alphas, grid.vocab_sizes, grid.prob_dtypes, grid.logprobs
     )
     for index, (batch, gamma, alpha, vocab, prob_dtype, logprobs) in enumerate(points):
+        draft_lengths = DRAFT_LENGTH_DISTRIBUTIONS[index % len(DRAFT_LENGTH_DISTRIBUTIONS)] if ragged else "uniform"
         yield VerifyConfig(
             batch_size=batch, gamma=gamma, alpha=alpha, vocab_size=vocab, prob_dtype=prob_dtype,
-            logprobs=logprobs, seed=seed + index,
+            logprobs=logprobs, seed=seed + index, draft_lengths=draft_lengths,
         )
 
 

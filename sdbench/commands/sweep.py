@@ -43,7 +43,8 @@ from sdbench.registry import Implementation
 
 SWEEP_DISTRIBUTIONS = ("binomial", "geometric", "fixed", "trace", "trace-rounds", "trace-rounds-sorted")
 KV_OPS = ("pack", "verify_pack", "verify_pack_ragged")
-RAGGED_OPS = ("verify_ragged", "verify_pack_ragged")
+RAGGED_OPS = ("verify_ragged", "verify_pack_ragged", "prob_verify_ragged")
+PROB_OPS = ("prob_verify", "prob_verify_ragged")  # probabilities over a vocabulary, timed with fast randomness
 DEFAULT_KV_DIMS = (128, 512, 1024, 2048)
 
 SWEEP_WARMUP_CALLS = 500  # empty launches before the first config (~10 ms)
@@ -77,15 +78,15 @@ class SweepSpec:
     batch_sizes: tuple[int, ...] = (1, 4, 16, 32)
     gammas: tuple[int, ...] = (8, 64, 128)
     alphas: tuple[float, ...] = (0.3, 0.6, 0.9)
-    kv_dims: tuple[int, ...] = ()  # () = the op's default: none for verify / prob_verify, DEFAULT_KV_DIMS for KV ops
+    kv_dims: tuple[int, ...] = ()  # () = the op's default: none for verify / prob ops, DEFAULT_KV_DIMS for KV ops
     vocab_sizes: tuple[int, ...] = (DEFAULT_VOCAB_SIZE,)
     token_dtypes: tuple[str, ...] = ("int64",)
     kv_dtypes: tuple[str, ...] = ("float16",)  # KV ops
-    prob_dtypes: tuple[str, ...] = ("float32",)  # prob_verify
+    prob_dtypes: tuple[str, ...] = ("float32",)  # PROB_OPS
     impls: tuple[str, ...] = ()  # () = every registered implementation of op
     dist: str = "binomial"
     fixed_length: int | None = None  # dist "fixed": every k_i
-    draft_lengths: str = "uniform"  # verify_ragged: the distribution of γ_i
+    draft_lengths: str = "uniform"  # RAGGED_OPS: the distribution of γ_i
     trace_path: str | None = None  # dist "trace": a file of observed accepted lengths
     device: str = "cuda"
     warmup: int = 20
@@ -193,8 +194,8 @@ def validate(spec: SweepSpec) -> None:
 def grid(spec: SweepSpec) -> list[VerifyConfig]:
     """Every config of the spec, in a fixed order (the order --shard partitions)."""
     kv_dims = kv_dims_of(spec)
-    value_dtypes = spec.prob_dtypes if spec.op == "prob_verify" else spec.kv_dtypes
-    if spec.op not in KV_OPS and spec.op != "prob_verify":
+    value_dtypes = spec.prob_dtypes if spec.op in PROB_OPS else spec.kv_dtypes
+    if spec.op not in KV_OPS and spec.op not in PROB_OPS:
         value_dtypes = value_dtypes[:1]  # verify has no KV: its dtype would only multiply the grid
     points = itertools.product(
         _unique(spec.vocab_sizes), kv_dims, _unique(spec.token_dtypes), _unique(value_dtypes),
@@ -202,7 +203,7 @@ def grid(spec: SweepSpec) -> list[VerifyConfig]:
     )
     configs = []
     for vocab, kv_dim, token_dtype, value_dtype, batch, gamma, alpha in points:
-        dtype_field = {"prob_dtype": value_dtype} if spec.op == "prob_verify" else {"kv_dtype": value_dtype}
+        dtype_field = {"prob_dtype": value_dtype} if spec.op in PROB_OPS else {"kv_dtype": value_dtype}
         configs.append(VerifyConfig(
             batch_size=batch, gamma=gamma, alpha=float(alpha), kv_dim=kv_dim, dist=spec.dist, vocab_size=vocab,
             token_dtype=token_dtype, seed=spec.seed, fixed_length=spec.fixed_length, trace_path=spec.trace_path,
@@ -227,7 +228,7 @@ def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.Timi
         "fixed_length": cfg.fixed_length if cfg.dist == "fixed" else None,
         "draft_lengths": cfg.draft_lengths if op in RAGGED_OPS else None,
         "trace_sha256": results.trace_sha256(cfg.trace_path) if cfg.dist.startswith("trace") else None,
-        "token_dtype": cfg.token_dtype, "kv_dtype": cfg.prob_dtype if op == "prob_verify" else cfg.kv_dtype,
+        "token_dtype": cfg.token_dtype, "kv_dtype": cfg.prob_dtype if op in PROB_OPS else cfg.kv_dtype,
         "seed": cfg.seed, "warmup": options.warmup, "iters": options.iters, "cold_l2": options.cold_l2,
         "settings": (f"warmup={options.warmup} iters={options.iters} gpu_iters={options.gpu_iters} "
                      f"max_noise={options.max_noise:g} max_time={options.max_time_s:g}"
@@ -241,8 +242,10 @@ def label(op: str, cfg: VerifyConfig) -> str:
     text = f"{op} b={cfg.batch_size} γ={cfg.gamma} α={cfg.alpha:g}"
     if cfg.kv_dim:
         text += f" kv_dim={cfg.kv_dim}"
-    if op == "prob_verify":
+    if op in PROB_OPS:
         text += f" V={cfg.vocab_size} {cfg.prob_dtype}"
+    if op in RAGGED_OPS:
+        text += f" γ_i {cfg.draft_lengths}"
     return text
 
 
@@ -314,14 +317,14 @@ class SweepSummary:
 
 # --- running -----------------------------------------------------------------------------------
 def check_op_available(op: str) -> None:
-    """A clean error when op has no implementations or cannot build workloads yet (prob_verify)."""
+    """A clean error when op has no implementations or cannot build workloads yet (the prob ops)."""
     if not registry.implementations(op):
         raise SdbenchError(f"no implementations of {op!r} are registered yet; nothing to sweep")
-    if op == "prob_verify":
+    if op in PROB_OPS:
         try:
             make_workload(op, VerifyConfig(batch_size=1, gamma=1, vocab_size=8), "cpu")
         except SdbenchError as err:
-            raise SdbenchError(f"prob_verify cannot be swept here yet: {err}") from None
+            raise SdbenchError(f"{op} cannot be swept here yet: {err}") from None
 
 
 def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None = None) -> SweepSummary:
@@ -574,12 +577,13 @@ def _median(view_results, view: str) -> float | None:
 
 
 def timing_workload(op: str, workload):
-    """What is timed: the parity workload itself, except prob_verify, which is timed with fast randomness.
+    """What is timed: the parity workload itself, except the prob ops, timed with fast randomness.
 
     Parity needs supplied randomness (every implementation reads the same uniforms and noise); a serving
-    engine draws its own, so prob_verify is timed in the workload's `fast` mode (in-kernel Philox).
+    engine draws its own, so prob_verify and prob_verify_ragged are timed in the workload's `fast` mode
+    (in-kernel Philox).
     """
-    if op == "prob_verify" and hasattr(workload, "with_randomness"):
+    if op in PROB_OPS and hasattr(workload, "with_randomness"):
         return workload.with_randomness("fast")
     return workload
 
@@ -597,7 +601,7 @@ def _ready(impl: Implementation, workload, timed_workload, device: str) -> tuple
     try:
         failure = parity.check(impl, workload)
     except SdbenchError as err:
-        if impl.op != "prob_verify":
+        if impl.op not in PROB_OPS:
             return "failed", f"parity: raised SdbenchError: {err}", None
         failure, note = None, f"parity not checked (no supplied randomness): {err}"
     except Exception as err:  # a crashing kernel fails parity; it does not stop the sweep
@@ -613,7 +617,7 @@ def _ready(impl: Implementation, workload, timed_workload, device: str) -> tuple
 def _workload_columns(op: str, cfg: VerifyConfig, workload, timed_workload, runs: dict[str, Callable]) -> dict[str, Any]:
     """Realised mean k_i, accepted KV bytes and the bytes the op must move."""
     lengths = getattr(workload, "accepted_lengths", None)
-    if lengths is None:  # workloads without an oracle of lengths (prob_verify): ask an implementation
+    if lengths is None:  # workloads without an oracle of lengths (the prob ops): ask an implementation
         for run in runs.values():
             try:
                 lengths = run().get("accepted_lengths")
@@ -628,18 +632,20 @@ def _workload_columns(op: str, cfg: VerifyConfig, workload, timed_workload, runs
         accepted_kv_bytes = int(lengths.sum()) * cfg.kv_dim * element_bytes
     if op in KV_OPS:
         bytes_moved = 2 * accepted_kv_bytes  # each accepted row read once and written once
-    elif op == "prob_verify":
-        bytes_moved = _prob_bytes(cfg, getattr(timed_workload, "randomness", "fast"))
+    elif op in PROB_OPS:
+        bytes_moved = _prob_bytes(cfg, getattr(timed_workload, "randomness", "fast"),
+                                  getattr(workload, "draft_lengths", None))
     else:
         bytes_moved = None
     return {"mean_accepted_length": mean_accepted, "accepted_kv_bytes": accepted_kv_bytes, "bytes_moved": bytes_moved}
 
 
-def _prob_bytes(cfg: VerifyConfig, randomness: str) -> int:
-    """prob_verify's roofline bytes (sdbench.ops.prob_verify.workload.prob_bytes)."""
+def _prob_bytes(cfg: VerifyConfig, randomness: str, draft_lengths: torch.Tensor | None) -> int:
+    """The prob ops' roofline bytes (sdbench.ops.prob_verify.workload.prob_bytes; ragged: the realised γ_i)."""
     from sdbench.ops.prob_verify.workload import prob_bytes
 
-    return int(prob_bytes(cfg, randomness=randomness))
+    lengths = None if draft_lengths is None else draft_lengths.tolist()
+    return int(prob_bytes(cfg, randomness=randomness, draft_lengths=lengths))
 
 
 def _row(base: dict[str, Any], impl: Implementation, view: str, status: str, reason: str | None) -> dict[str, Any]:

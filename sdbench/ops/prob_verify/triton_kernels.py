@@ -272,6 +272,39 @@ def _write_outputs(draft_tokens_ptr, accepted_lengths_ptr, next_tokens_ptr, outp
 
 
 # --- fused: one launch, one chunk per program, atomic combine ----------------------------------
+# The combine, shared with prob_verify_ragged's fused kernel: every program of sequence b folds its key
+# into best[b] and arrives; the last to arrive takes the winner and resets the scratch.
+@triton.jit
+def _arrive(keys, best_ptr, arrivals_ptr, b, chunks):
+    """Fold this program's best packed key into best[b] (relaxed atomic_max), then count its arrival
+    (acq_rel: orders the max before it and, in the last program, every other program's max before
+    what follows). True in the last program of b to arrive."""
+    tl.atomic_max(best_ptr + b, tl.max(tl.max(keys, axis=1), axis=0), sem="relaxed")
+    arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
+    return arrived == chunks - 1
+
+
+@triton.jit
+def _race_winner(best_ptr, target_row, noise_row, b, vocab, seed, offset,
+                 ROWS: tl.constexpr, LOGPROBS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """The last arrival's next token: the combined key, read and reset to 0 in one atomic_xchg; the race
+    rerun over p (tiers 2 and 3) when w was 0 on the whole row (never, on real distributions)."""
+    winner = tl.atomic_xchg(best_ptr + b, 0, sem="relaxed")
+    if winner <= 0:
+        winner = _fallback_race(target_row, noise_row, b, vocab, seed, offset, ROWS, LOGPROBS, PRECISE_MATH, FAST)
+    return _token_of(winner)
+
+
+@triton.jit
+def _release(arrivals_ptr, offsets_ptr, b, offset, FAST: tl.constexpr):
+    """The last arrival's exit: fast mode's offset + 1 for the next call (every program of b read it before
+    arriving), and the arrival counter back to 0 (every program of b has arrived: nothing else touches it
+    this launch), so the next launch or graph replay starts clean."""
+    if FAST:
+        tl.store(offsets_ptr + b, offset + 1)
+    tl.store(arrivals_ptr + b, 0)
+
+
 @triton.jit(do_not_specialize=["seed"])
 def _fused_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, noise_ptr,
@@ -326,13 +359,10 @@ def _fused_kernel(
     target_row = target_ptr + b * stride_p_b + k * stride_p_row
     draft_row = draft_ptr + b * stride_q_b + tl.minimum(k, GAMMA - 1) * stride_q_row
     keys = _residual_keys(target_row, draft_row, noise, has_draft, cols, vocab, LOGPROBS, PRECISE_MATH, FAST)
-    tl.atomic_max(best_ptr + b, tl.max(tl.max(keys, axis=1), axis=0), sem="relaxed")
-    arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
-    if arrived == chunks - 1:
-        winner = tl.atomic_xchg(best_ptr + b, 0, sem="relaxed")  # read the combined key and reset the slot
-        if winner <= 0:
-            winner = _fallback_race(target_row, noise_row, b, vocab, seed, offset, ROWS, LOGPROBS, PRECISE_MATH, FAST)
-        next_token = _token_of(winner)
+    last = _arrive(keys, best_ptr, arrivals_ptr, b, chunks)
+    if last:
+        next_token = _race_winner(best_ptr, target_row, noise_row, b, vocab, seed, offset,
+                                  ROWS, LOGPROBS, PRECISE_MATH, FAST)
         out_row = output_tokens_ptr + b * stride_out_b
         out_type = output_tokens_ptr.dtype.element_ty
         drafts = tl.where(positions < k, tokens, tl.where(positions == k, next_token, -1))
@@ -341,9 +371,7 @@ def _fused_kernel(
         tl.store(next_tokens_ptr + b, next_token.to(next_tokens_ptr.dtype.element_ty))
         tl.store(accepted_lengths_ptr + b, k.to(tl.int64))
         tl.store(error_flags_ptr + b, tl.max(out_of_range.to(tl.int32), axis=0) * TOKEN_OUT_OF_RANGE)
-        if FAST:
-            tl.store(offsets_ptr + b, offset + 1)  # every program of b has read it (they all arrived)
-        tl.store(arrivals_ptr + b, 0)  # every program of b has arrived: nothing else touches it this launch
+        _release(arrivals_ptr, offsets_ptr, b, offset, FAST)
 
 
 # --- flashspec: verify (scalars only) + gather + sample ------------------------------------------

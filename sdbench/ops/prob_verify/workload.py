@@ -60,11 +60,17 @@ class ProbWorkload:
 
     def with_randomness(self, randomness: str, offset: int = 0) -> ProbWorkload:
         """The same inputs in another randomness mode (tensors are shared, not copied)."""
-        if randomness not in RANDOMNESS_MODES:
-            raise SdbenchError(f"randomness must be one of {', '.join(RANDOMNESS_MODES)}, got {randomness!r}")
-        if offset < 0:
-            raise SdbenchError(f"the fast-mode offset must be >= 0, got {offset}")
-        return dataclasses.replace(self, randomness=randomness, offset=offset)
+        return with_randomness(self, randomness, offset)
+
+
+def with_randomness(workload, randomness: str, offset: int = 0):
+    """workload (any dataclass with `randomness` and `offset`: ProbWorkload, the ragged one) in another
+    randomness mode, its tensors shared."""
+    if randomness not in RANDOMNESS_MODES:
+        raise SdbenchError(f"randomness must be one of {', '.join(RANDOMNESS_MODES)}, got {randomness!r}")
+    if offset < 0:
+        raise SdbenchError(f"the fast-mode offset must be >= 0, got {offset}")
+    return dataclasses.replace(workload, randomness=randomness, offset=offset)
 
 
 def decode_probs(values: torch.Tensor, logprobs: bool) -> torch.Tensor:
@@ -153,7 +159,8 @@ def _finish_prob_workload(
     )
 
 
-def prob_bytes(cfg: VerifyConfig, bonus_fraction: float | None = None, randomness: str = "fast") -> int:
+def prob_bytes(cfg: VerifyConfig, bonus_fraction: float | None = None, randomness: str = "fast",
+               draft_lengths: list[int] | None = None) -> int:
     """The bytes prob_verify must read: the roofline numerator.
 
     Two scalars (p and q at the draft token) per draft token, then for each sequence one p row and
@@ -162,16 +169,21 @@ def prob_bytes(cfg: VerifyConfig, bonus_fraction: float | None = None, randomnes
     accept tests at rate cfg.alpha) by default; 0.0 gives the worst case, every sequence rejecting
     (the issue's floor: ~8.2 MB at B=32, γ=8, V=32000 float32). Supplied randomness adds the
     uniforms and one noise row per sequence. Token ids and the outputs (< 0.1%) are not counted.
+    draft_lengths (prob_verify_ragged: γ_i per request) replaces γ for every request: Σ γ_i draft
+    tokens, and a default bonus share of mean(α^γ_i) (a request with γ_i = 0 reads its bonus row only).
     """
     if randomness not in RANDOMNESS_MODES:
         raise SdbenchError(f"randomness must be one of {', '.join(RANDOMNESS_MODES)}, got {randomness!r}")
+    batch, vocab = cfg.batch_size, cfg.vocab_size
+    lengths = [cfg.gamma] * batch if draft_lengths is None else list(draft_lengths)
     if bonus_fraction is None:
-        bonus_fraction = cfg.alpha**cfg.gamma
+        bonus_fraction = (cfg.alpha**cfg.gamma if draft_lengths is None
+                          else sum(cfg.alpha**length for length in lengths) / batch)
     elem = torch.empty((), dtype=PROB_DTYPES[cfg.prob_dtype]).element_size()
-    batch, gamma, vocab = cfg.batch_size, cfg.gamma, cfg.vocab_size
-    scalars = batch * gamma * 2 * elem
+    drafts = sum(lengths)
+    scalars = drafts * 2 * elem
     rows = batch * vocab * elem * (2.0 * (1.0 - bonus_fraction) + bonus_fraction)
     total = scalars + rows
     if randomness == "supplied":
-        total += batch * gamma * 4 + batch * vocab * 4
+        total += drafts * 4 + batch * vocab * 4
     return int(round(total))

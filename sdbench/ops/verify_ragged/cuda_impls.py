@@ -7,9 +7,9 @@ from sdbench.ops.verify_ragged.workload import RaggedVerifyWorkload, ragged_outp
 from sdbench.registry import BufferedRun, Implementation, register
 
 
-def _prepare_ballot(w: RaggedVerifyWorkload) -> BufferedRun:
+def _prepare_ballot(w: RaggedVerifyWorkload, out: dict | None = None) -> BufferedRun:
     op = cuda_ops().verify_ragged_ballot
-    out = ragged_outputs(w)
+    out = out if out is not None else ragged_outputs(w)
     args = (w.draft_tokens, w.target_tokens, w.cu_num_draft_tokens, out["accepted_lengths"], out["has_mismatch"],
             out["next_tokens"])
     return BufferedRun(lambda: op(*args), out)
@@ -17,5 +17,6 @@ def _prepare_ballot(w: RaggedVerifyWorkload) -> BufferedRun:
 
 register(Implementation(
     op="verify_ragged", name="ballot", backend="cuda", probe=cuda_probe, launches=1, prepare=_prepare_ballot,
+    writes_into=True,
     description="one warp per request over the flattened layout: __ballot_sync + __ffs per 32 positions",
 ))

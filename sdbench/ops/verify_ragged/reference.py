@@ -1,4 +1,4 @@
-"""The definition of ragged greedy verification (eager PyTorch; syncs for repeat_interleave)."""
+"""The definition of ragged greedy verification (eager PyTorch; syncs for its boolean mask)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,18 @@ import torch
 
 def draft_positions(cu_num_draft_tokens: torch.Tensor, total: int):
     """(starts [B], lengths [B], request [T], local [T]): each request's first draft and γ_i, and for each of
-    the T flattened drafts its request and its position inside that request."""
-    cu = cu_num_draft_tokens.to(torch.int64)
+    the T flattened drafts its request and its position inside that request.
+
+    Sync-free (every shape from `total`, never from the offsets' values) and memory-safe on any offsets:
+    they are clamped to [0, T] and made non-decreasing (a no-op on valid offsets, the only ones the
+    references define), and each draft's request is a binary search over them, so every index derived
+    from these lies inside the layout even when the offsets are garbage."""
+    cu = cu_num_draft_tokens.to(torch.int64).clamp(0, total).cummax(0).values
     starts = torch.cat([cu.new_zeros(1), cu[:-1]])
     lengths = cu - starts
-    request = torch.repeat_interleave(torch.arange(cu.shape[0], device=cu.device), lengths)
-    local = torch.arange(total, device=cu.device) - starts[request]
-    return starts, lengths, request, local
+    positions = torch.arange(total, device=cu.device)
+    request = torch.searchsorted(cu, positions, right=True).clamp(max=cu.shape[0] - 1)  # cu[r-1] <= t < cu[r]
+    return starts, lengths, request, positions - starts[request]
 
 
 def verify_ragged(draft_tokens: torch.Tensor, target_tokens: torch.Tensor,

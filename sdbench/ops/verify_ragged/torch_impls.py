@@ -14,6 +14,6 @@ def _prepare_eager(w: RaggedVerifyWorkload):
 
 register(Implementation(
     op="verify_ragged", name="torch_eager", backend="torch", devices=ANY_DEVICE, peer=True, sync=True,
-    description="eager PyTorch: repeat_interleave (syncs for its shape), compare, scatter_reduce amin",
+    description="eager PyTorch: searchsorted of each draft's request, compare, scatter_reduce amin (syncs for its mask)",
     prepare=_prepare_eager,
 ))

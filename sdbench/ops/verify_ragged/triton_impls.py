@@ -68,14 +68,19 @@ if triton is not None:
         tl.store(next_ptr + request, tl.load(target_row + first))
 
 
+# block_triton's vector width: next_pow2(γ_max) up to this (wider γ loops). The public API passes T, an upper
+# bound on γ_max from the shapes alone (reading the offsets would sync), so the width must not follow it up.
+BLOCK_MAX = 1024
+
+
 def _prepare(block: bool):
-    def prepare(w: RaggedVerifyWorkload) -> BufferedRun:
-        out = ragged_outputs(w)
+    def prepare(w: RaggedVerifyWorkload, out: dict | None = None) -> BufferedRun:
+        out = out if out is not None else ragged_outputs(w)
         batch, total = w.cu_num_draft_tokens.shape[0], w.draft_tokens.shape[0]
         args = (w.draft_tokens, w.target_tokens, w.cu_num_draft_tokens, out["accepted_lengths"],
                 out["has_mismatch"].view(torch.uint8), out["next_tokens"], total)
         if block:
-            width = triton.next_power_of_2(max(w.config.gamma, 1))
+            width = triton.next_power_of_2(min(max(w.config.gamma, 1), BLOCK_MAX))
             launch = lambda: _ragged_block_kernel[(batch,)](*args, BLOCK=width, num_warps=1)  # noqa: E731
         else:
             launch = lambda: _ragged_serial_kernel[(batch,)](*args, num_warps=1)  # noqa: E731
@@ -86,11 +91,11 @@ def _prepare(block: bool):
 
 register(Implementation(
     op="verify_ragged", name="serial_triton", backend="triton", devices=("cuda", "cpu"), peer=True, launches=1,
-    prepare=_prepare(block=False), probe=triton_probe,
+    prepare=_prepare(block=False), probe=triton_probe, writes_into=True,
     description="Triton, one program per request over the flattened layout: serial scan to the first mismatch",
 ))
 register(Implementation(
     op="verify_ragged", name="block_triton", backend="triton", devices=("cuda", "cpu"), launches=1,
-    prepare=_prepare(block=True), probe=triton_probe,
+    prepare=_prepare(block=True), probe=triton_probe, writes_into=True,
     description="Triton, one program per request: next_pow2(γ_max) positions compared at once, min-reduced",
 ))

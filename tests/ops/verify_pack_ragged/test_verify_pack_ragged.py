@@ -78,7 +78,9 @@ CHILD = textwrap.dedent("""
     report = {"failures": [], "checked": 0, "probe": None}
     cases = [(VerifyConfig(1, 1, 0.0, kv_dim=8), None), (VerifyConfig(6, 33, 0.9, dist="geometric", kv_dim=300), None),
              (VerifyConfig(9, 8, 1.0, token_dtype="int32", kv_dim=8, kv_dtype="bfloat16"), None),
-             (VerifyConfig(5, 8, 0.5, kv_dim=8), [0, 0, 0, 0, 0]), (VerifyConfig(4, 70, 1.0, kv_dim=8), [70, 0, 1, 69])]
+             (VerifyConfig(5, 8, 0.5, kv_dim=8), [0, 0, 0, 0, 0]), (VerifyConfig(4, 70, 1.0, kv_dim=8), [70, 0, 1, 69]),
+             # γ_max past ROW_PROGRAMS_MAX (128): each copy program takes every 128th accepted row
+             (VerifyConfig(3, 300, 1.0, kv_dim=8), [300, 0, 129])]
     impl = registry.get("verify_pack_ragged", "block_triton+pack_triton")
     report["probe"] = impl.unavailable_reason("cpu")
     for cfg, lengths in cases:
@@ -119,7 +121,7 @@ def test_triton_pipeline_matches_the_reference_under_the_interpreter():
     report = json.loads(done.stdout.strip().splitlines()[-1])
     if report["probe"]:
         pytest.skip(f"Triton cannot run here: {report['probe']}")
-    assert report["checked"] == 5 and report["failures"] == []
+    assert report["checked"] == 6 and report["failures"] == []
     assert report["bad_offsets"] == {"accepted": [8, 0, 8], "written_past": 0}
 
 
