@@ -40,6 +40,7 @@ import torch
 
 from sdbench import dispatch, registry
 from sdbench.errors import SdbenchError
+from sdbench.ops.prob_verify.reference import RULES
 from sdbench.ops.workload import KV_DTYPES, TOKEN_DTYPES, VerifyConfig, VerifyWorkload
 
 TOKEN_TORCH_DTYPES = tuple(TOKEN_DTYPES.values())
@@ -574,7 +575,7 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = 
                 draft_temperature: torch.Tensor | None = None, impl: str | None = None, seed: int = 0,
                 offset: int = 0, uniforms: torch.Tensor | None = None, exponential_noise: torch.Tensor | None = None,
                 logprobs: bool = False, out: Outputs | None = None,
-                cu_num_draft_tokens: torch.Tensor | None = None) -> Outputs:
+                cu_num_draft_tokens: torch.Tensor | None = None, rule: str = "token") -> Outputs:
     """Probabilistic verification (Leviathan rejection sampling with the residual draw): the target's
     distribution exactly, whatever the draft's.
 
@@ -599,7 +600,12 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = 
     From logits: pass `target_logits` [B, γ+1, V] and `draft_logits` [B, γ, V] (float32 or bfloat16) with
     `target_temperature` and `draft_temperature` (float32 [B]; 0 = greedy for that request) instead of the
     probabilities: p and q are softmax(logits / T), computed inside the kernels (default impl
-    `fused_logits`; the token-wise rule).
+    `fused_logits`).
+
+    Acceptance rule: `rule="token"` (default) is Leviathan et al.'s token-wise test; `rule="block"` is block
+    verification (Sun et al., ICLR 2025): the same output distribution (the target's), never fewer accepted
+    drafts in expectation. The block rule runs from logits (`fused_logits`, `torch_eager`); for probabilities,
+    pass log p and log q as logits with temperatures 1.
 
     Ragged draft lengths: pass `cu_num_draft_tokens` (int64 [B], the inclusive prefix sum of γ_i) with the
     flattened inputs draft_tokens [T], draft_probs [T, V] (laid out like the drafts) and target_probs
@@ -609,6 +615,11 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = 
     prob_verify_ragged, default impl `fused`; probabilities only). γ_i = 0 is allowed: the bonus draw alone.
     """
     from_logits = target_logits is not None or draft_logits is not None
+    if rule not in RULES:
+        raise SdbenchError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
+    if rule != "token" and not from_logits:
+        raise SdbenchError(f"rule={rule!r} runs from logits (fused_logits): pass target_logits / draft_logits, or "
+                           "log p and log q as logits with target_temperature = draft_temperature = 1")
     if from_logits == (target_probs is not None or draft_probs is not None):
         raise SdbenchError("give the probabilities (target_probs, draft_probs) or the logits (target_logits, "
                            "draft_logits, with target_temperature and draft_temperature), one of the two")
@@ -620,7 +631,7 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = 
                                    seed, offset, uniforms, exponential_noise, logprobs, out)
     if from_logits:
         return _prob_verify_logits(draft_tokens, target_logits, draft_logits, target_temperature, draft_temperature,
-                                   impl or "fused_logits", seed, offset, uniforms, exponential_noise, out)
+                                   impl or "fused_logits", seed, offset, uniforms, exponential_noise, out, rule)
     impl = impl or PROB_DEFAULT_IMPL
     from sdbench.ops.prob_verify.workload import ProbWorkload
 
@@ -687,7 +698,7 @@ def _resolve_or_eager(op: str, impl: str, device: torch.device) -> registry.Impl
 
 
 def _prob_verify_logits(draft_tokens, target_logits, draft_logits, target_temperature, draft_temperature, impl: str,
-                        seed: int, offset: int, uniforms, exponential_noise, out) -> Outputs:
+                        seed: int, offset: int, uniforms, exponential_noise, out, rule: str) -> Outputs:
     from sdbench.ops.prob_verify_logits.workload import LogitsConfig, LogitsWorkload
 
     batch, gamma, vocab = _check_prob_inputs(draft_tokens, target_logits, draft_logits, uniforms, exponential_noise,
@@ -702,11 +713,11 @@ def _prob_verify_logits(draft_tokens, target_logits, draft_logits, target_temper
     entry = _resolve_or_eager("prob_verify_logits", impl, device)
     tensors = (draft_tokens, target_logits, draft_logits, target_temperature, draft_temperature, uniforms,
                exponential_noise)
-    key = _prob_key(f"logits:{entry.name}", tensors, seed, False)
+    key = _prob_key(f"logits:{entry.name}:{rule}", tensors, seed, False)
     run = _bound(key)
     if run is None:
         config = LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=_dtype_name(target_logits.dtype),
-                              token_dtype=_token_name(draft_tokens.dtype), seed=seed)
+                              token_dtype=_token_name(draft_tokens.dtype), seed=seed, rule=rule)
         reason = entry.supports(config)
         if reason is not None:
             raise SdbenchError(f"impl {entry.name!r} cannot run batch={batch}, gamma={gamma}, V={vocab}: {reason}")

@@ -126,6 +126,28 @@ def test_from_logits_with_supplied_randomness_equals_the_reference():
          r"target_temperature must be float32 \[5\]")
 
 
+def test_block_rule_from_logits_equals_its_reference_and_binds_apart_from_the_token_rule():
+    from sdbench.ops.prob_verify_logits.reference import prob_verify_logits
+    from sdbench.ops.prob_verify_logits.workload import LogitsConfig, make_logits_workload
+
+    w = make_logits_workload(LogitsConfig(8, 6, vocab_size=16, seed=11))
+    inputs = dict(target_logits=w.target_logits, draft_logits=w.draft_logits, target_temperature=w.target_temperature,
+                  draft_temperature=w.draft_temperature, uniforms=w.uniforms, exponential_noise=w.exponential_noise,
+                  impl="torch_eager")
+    by_rule = {rule: {k: v.clone() for k, v in sdbench.prob_verify(w.draft_tokens, rule=rule, **inputs).items()}
+               for rule in ("token", "block")}
+    for rule, out in by_rule.items():  # the same tensors, one binding per rule
+        expected = prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                      w.draft_temperature, w.uniforms, w.exponential_noise, rule=rule)
+        for name in ("accepted_lengths", "next_tokens", "output_tokens"):
+            assert torch.equal(out[name], expected[name]), (rule, name)
+    # the rules answer differently here, so a binding shared between them would fail the comparison above
+    assert not torch.equal(by_rule["token"]["output_tokens"], by_rule["block"]["output_tokens"])
+    _bad(lambda: sdbench.prob_verify(w.draft_tokens, rule="blocks", **inputs), r"rule must be one of token, block")
+    _bad(lambda: sdbench.prob_verify(w.draft_tokens, torch.ones(8, 7, 16), torch.ones(8, 6, 16), rule="block"),
+         r"rule='block' runs from logits")
+
+
 def test_bindings_are_reused_and_bounded(w):
     api._prob_bindings.clear()
     calls = []

@@ -115,9 +115,17 @@ def test_bad_offsets_stay_in_bounds(name):
     run = registry.get(OP, name).prepare(w)
     parity.poison(run.outputs)
     out = {key: value.cpu() for key, value in run().items()}
+    vocab = w.target_probs.shape[1]
     for request in range(6):
         start = min(max(bad[request - 1] if request else 0, 0), total)
         end = min(max(bad[request], start), total)
+        if name == "serial_sampler":
+            # vLLM's design lays its recovered tokens out by target row, so clamped ranges that overlap share
+            # slots and the winner of a shared slot is whichever request wrote last: its answer on bad offsets
+            # is undefined (as the op's contract allows: sdbench/ops/verify_ragged), but in bounds.
+            assert 0 <= int(out["accepted_lengths"][request]) <= end - start, request
+            assert 0 <= int(out["next_tokens"][request]) < vocab, request
+            continue
         want = verify_request(w.draft_tokens, w.target_probs, w.draft_probs, w.uniforms, w.exponential_noise, request,
                               start, end)
         for key in out:
@@ -139,8 +147,9 @@ def test_sync_free(name, randomness):
         outputs = run()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    if randomness == "supplied":
-        assert parity.compare(parity.expected_outputs(OP, w), outputs) is None
+    if randomness == "supplied":  # a peer may leave error_flags out, as parity.check allows
+        optional = ("error_flags",) if registry.get(OP, name).peer else ()
+        assert parity.compare(parity.expected_outputs(OP, w), outputs, optional=optional) is None
 
 
 def test_the_public_api_is_sync_free_on_ragged_inputs():
