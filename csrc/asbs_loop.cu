@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(1024) asbs_loop_kernel(
     const int64_t r = valid ? request_of(s) : 0;
     my_ema[s] = ema[r];
     my_block[s] = block[r];
-    my_committed[s] = committed[r];
+    my_committed[s] = valid ? committed[r] : 0;  // a slot past the batch: committed 0 = target, finished
     my_target[s] = valid ? target_len[r] : 0;
   }
 
@@ -166,13 +166,14 @@ __global__ void __launch_bounds__(1024) asbs_loop_kernel(
         const int count = accepted_mask == kFullMask ? 32 : min(__ffs(~accepted_mask) - 1, proposed);
         if (lane == owner) accepted[s] = count;
         if (params.kv_dim > 0) {  // the committed rows into the request's KV region (values from the hash)
-          const int64_t gained = min(static_cast<int64_t>(count) + 1, static_cast<int64_t>(target) - before);
-          __half* rows = kv + (r * params.max_len + before) * params.kv_dim;
-          const int64_t elements = gained * params.kv_dim;
-          for (int64_t e = lane; e < elements && before + e / params.kv_dim < params.max_len; e += 32) {
-            rows[e] = __float2half_rn(static_cast<float>(hash32(params.seed, static_cast<uint32_t>(r),
-                                                                static_cast<uint32_t>(before + e / params.kv_dim),
-                                                                static_cast<uint32_t>(e % params.kv_dim)) & 0xffu));
+          const int gained = min(count + 1, target - before);
+          for (int row = 0; row < gained && before + row < params.max_len; ++row) {  // rows, then columns:
+            __half* out = kv + (r * params.max_len + before + row) * params.kv_dim;   // no per-element division
+            for (int column = lane; column < params.kv_dim; column += 32) {
+              out[column] = __float2half_rn(static_cast<float>(
+                  hash32(params.seed, static_cast<uint32_t>(r), static_cast<uint32_t>(before + row),
+                         static_cast<uint32_t>(column)) & 0xffu));
+            }
           }
         }
       }

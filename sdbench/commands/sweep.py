@@ -405,7 +405,8 @@ def settle_host_state(measured: list[MeasuredConfig], tolerance: float,
     """After the sweep's configs: the wall view of every config measured in a slow host state, measured again.
 
     A path's wall floor probes the host's state when its config ran (sdbench.ops.launch_floor). A config whose
-    floor of any path is more than `tolerance` above the lowest wall floor of that path in this sweep has its
+    floor of any path is more than `tolerance` above the lowest wall floor of that path in this invocation (not
+    in parts an earlier --resume or another --shard wrote: each invocation is its own baseline) has its
     wall view measured once more (every callable in rotation, floors included: `remeasure_wall`), and the new
     wall rows replace the old ones if they were measured in a faster state. A retry can lower a path's lowest
     floor, so the check repeats over the configs not yet retried; each is retried at most once. Then every wall

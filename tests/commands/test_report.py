@@ -541,3 +541,13 @@ def test_rows_below_their_own_floor_are_found_and_noted(tmp_path):
     built = report.build_report([path])
     assert any("below their own launch floor" in note and "fused" in note and "ballot+pack_cuda" in note
                and "flashspec" not in note and "naive" not in note for note in built.notes), built.notes
+
+
+def test_noisy_reason_reads_the_sweeps_own_host_tolerance():
+    from sdbench.commands.report.compare import noisy_reason
+
+    slowed = {"host_slowed": 1.2, "floor_drift": 0.0, "settings": "warmup=20 iters=200"}
+    assert noisy_reason(slowed).startswith("measured in a slow host state: launch floor 1.20×")
+    # a sweep run with --host-tolerance 0.3 did not call 1.2x slow: the flag had another cause
+    assert noisy_reason({**slowed, "settings": "warmup=20 iters=200 host_tolerance=0.3"}) == \
+        "median noise above its --max-noise"

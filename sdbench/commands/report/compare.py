@@ -90,9 +90,17 @@ def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bo
     return side
 
 
+def _host_tolerance(row: dict) -> float:
+    """The host-state tolerance the row's sweep ran with (in `settings` only when not the default)."""
+    for word in str(row.get("settings") or "").split():
+        if word.startswith("host_tolerance="):
+            return float(word.split("=", 1)[1])
+    return HOST_STATE_TOLERANCE
+
+
 def noisy_reason(row: dict) -> str:
     """Why a sweep flagged a row noisy, from the columns that record it."""
-    if row.get("host_slowed") and host_state_differs(row["host_slowed"], 1.0):
+    if row.get("host_slowed") and host_state_differs(row["host_slowed"], 1.0, _host_tolerance(row)):
         return f"measured in a slow host state: launch floor {row['host_slowed']:.2f}× its sweep's lowest"
     if row.get("floor_drift") and row["floor_drift"] > timing.MAX_FLOOR_DRIFT:
         return f"its ratio to its floor drifted {row['floor_drift']:.0%} within the run"

@@ -58,6 +58,7 @@ from sdbench.ops.prob_verify.triton_kernels import (
     _chunk_columns,
     _pack,
     _race_noise,
+    _release,
     _token_of,
     default_fused_plan,
     philox_offsets,
@@ -469,9 +470,7 @@ def _logits_race_kernel(
         _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
                    GAMMA, GAMMA_PAD)
         tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
-        if FAST:
-            tl.store(offsets_ptr + b, offset + 1)  # every program of b has read it (they all arrived)
-        tl.store(arrivals_ptr + b, 0)
+        _release(arrivals_ptr, offsets_ptr, b, offset, FAST)
 
 
 # --- vllm_v2_style: scan kernel, Gumbel resample per block, finish --------------------------------
