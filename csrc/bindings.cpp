@@ -480,7 +480,6 @@ void asbs_loop_op(at::Tensor& ema, at::Tensor& block, at::Tensor& committed, con
               "sdbench: kv must be float16 [B, max_len, kv_dim] (or empty for none)");
   TORCH_CHECK(max_block <= 32 && min_block >= 1 && min_block <= mid_block && mid_block <= max_block,
               "sdbench: block sizes must satisfy 1 <= min <= mid <= max <= 32");
-  TORCH_CHECK(pressure_cap >= 1, "sdbench: pressure_cap must be >= 1 (a request always drafts at least one token)");
   TORCH_CHECK(rounds >= 0 && rounds <= (1 << 30), "sdbench: rounds must be in [0, 2^30]");
   AsbsParams params{static_cast<uint32_t>(seed), static_cast<int>(rounds), static_cast<int>(history.size(1)),
                     static_cast<float>(alpha), static_cast<float>(high), static_cast<float>(low),
