@@ -524,6 +524,33 @@ _PROB_BINDINGS_MAX = 8
 _prob_bindings: dict[tuple, object] = {}
 
 
+def _check_prob_tensors(device: torch.device, target: tuple[str, torch.Tensor], draft: tuple[str, torch.Tensor],
+                        uniforms, exponential_noise, uniforms_shape: tuple, noise_shape: tuple) -> None:
+    """What the padded and ragged layouts check alike: p and q share a float dtype and the device, with a
+    contiguous last dimension; supplied randomness comes whole (both or neither), float32, contiguous."""
+    (target_name, target_probs), (draft_name, draft_probs) = target, draft
+    if target_probs.dtype not in PROB_TORCH_DTYPES or draft_probs.dtype != target_probs.dtype:
+        raise SdbenchError(f"{target_name} and {draft_name} must share a dtype, float32 or bfloat16; got "
+                           f"{_dtype_name(target_probs.dtype)} and {_dtype_name(draft_probs.dtype)}")
+    for name, tensor in (target, draft):
+        if tensor.device != device:
+            raise SdbenchError(f"{name} is on {tensor.device} but draft_tokens on {device}: move them to one device")
+        if tensor.stride(-1) != 1:
+            raise SdbenchError(f"{name} needs a contiguous last dimension (pass {name}.contiguous())")
+    if (uniforms is None) != (exponential_noise is None):
+        raise SdbenchError("give both uniforms and exponential_noise (supplied randomness) or neither (the "
+                           "implementation draws its own from seed and offset)")
+    if uniforms is not None:
+        for name, tensor, shape in (("uniforms", uniforms, uniforms_shape), ("exponential_noise", exponential_noise,
+                                                                             noise_shape)):
+            _require_tensor(name, tensor)
+            if tuple(tensor.shape) != shape or tensor.dtype != torch.float32 or tensor.device != device:
+                raise SdbenchError(f"{name} must be float32 [{', '.join(map(str, shape))}] on {device}, got "
+                                   f"{_dtype_name(tensor.dtype)} {_shape(tensor)} on {tensor.device}")
+            if not tensor.is_contiguous():
+                raise SdbenchError(f"{name} must be contiguous")
+
+
 def _check_prob_inputs(draft_tokens, target_probs, draft_probs, uniforms, exponential_noise,
                        names: tuple[str, str] = ("target_probs", "draft_probs")) -> tuple[int, int, int]:
     target_name, draft_name = names
@@ -540,26 +567,8 @@ def _check_prob_inputs(draft_tokens, target_probs, draft_probs, uniforms, expone
     vocab = target.shape[2]
     if tuple(q.shape) != (batch, gamma, vocab):
         raise SdbenchError(f"{draft_name} must be [batch, gamma, V] = [{batch}, {gamma}, {vocab}], got {_shape(q)}")
-    if target.dtype not in PROB_TORCH_DTYPES or q.dtype != target.dtype:
-        raise SdbenchError(f"{target_name} and {draft_name} must share a dtype, float32 or bfloat16; got "
-                           f"{_dtype_name(target.dtype)} and {_dtype_name(q.dtype)}")
-    for name, tensor in ((target_name, target), (draft_name, q)):
-        if tensor.device != draft.device:
-            raise SdbenchError(f"{name} is on {tensor.device} but draft_tokens on {draft.device}: move them to one device")
-        if tensor.stride(-1) != 1:
-            raise SdbenchError(f"{name} needs a contiguous last dimension (pass {name}.contiguous())")
-    if (uniforms is None) != (exponential_noise is None):
-        raise SdbenchError("give both uniforms and exponential_noise (supplied randomness) or neither (the "
-                           "implementation draws its own from seed and offset)")
-    if uniforms is not None:
-        for name, tensor, shape in (("uniforms", uniforms, (batch, gamma)), ("exponential_noise", exponential_noise,
-                                                                              (batch, vocab))):
-            _require_tensor(name, tensor)
-            if tuple(tensor.shape) != shape or tensor.dtype != torch.float32 or tensor.device != draft.device:
-                raise SdbenchError(f"{name} must be float32 [{', '.join(map(str, shape))}] on {draft.device}, got "
-                                   f"{_dtype_name(tensor.dtype)} {_shape(tensor)} on {tensor.device}")
-            if not tensor.is_contiguous():
-                raise SdbenchError(f"{name} must be contiguous")
+    _check_prob_tensors(draft.device, (target_name, target), (draft_name, q), uniforms, exponential_noise,
+                        (batch, gamma), (batch, vocab))
     return batch, gamma, vocab
 
 
@@ -770,26 +779,8 @@ def _check_ragged_prob_inputs(draft_tokens, target_probs, draft_probs, cu_num_dr
     vocab = target.shape[1]
     if tuple(q.shape) != (total, vocab):
         raise SdbenchError(f"draft_probs must be [T, V] = [{total}, {vocab}] (laid out like draft_tokens), got {_shape(q)}")
-    if target.dtype not in PROB_TORCH_DTYPES or q.dtype != target.dtype:
-        raise SdbenchError(f"target_probs and draft_probs must share a dtype, float32 or bfloat16; got "
-                           f"{_dtype_name(target.dtype)} and {_dtype_name(q.dtype)}")
-    for name, tensor in (("target_probs", target), ("draft_probs", q)):
-        if tensor.device != device:
-            raise SdbenchError(f"{name} is on {tensor.device} but draft_tokens on {device}: move them to one device")
-        if tensor.stride(-1) != 1:
-            raise SdbenchError(f"{name} needs a contiguous last dimension (pass {name}.contiguous())")
-    if (uniforms is None) != (exponential_noise is None):
-        raise SdbenchError("give both uniforms and exponential_noise (supplied randomness) or neither (the "
-                           "implementation draws its own from seed and offset)")
-    if uniforms is not None:
-        for name, tensor, shape in (("uniforms", uniforms, (total,)), ("exponential_noise", exponential_noise,
-                                                                        (batch, vocab))):
-            _require_tensor(name, tensor)
-            if tuple(tensor.shape) != shape or tensor.dtype != torch.float32 or tensor.device != device:
-                raise SdbenchError(f"{name} must be float32 [{', '.join(map(str, shape))}] on {device}, got "
-                                   f"{_dtype_name(tensor.dtype)} {_shape(tensor)} on {tensor.device}")
-            if not tensor.is_contiguous():
-                raise SdbenchError(f"{name} must be contiguous")
+    _check_prob_tensors(device, ("target_probs", target), ("draft_probs", q), uniforms, exponential_noise, (total,),
+                        (batch, vocab))
     return batch, total, vocab
 
 
