@@ -2,14 +2,11 @@
 mode is reproducible per binding and moves on between calls, out= buffers, validation, and the Triton
 fused kernel through the API under the interpreter."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 import sdbench
 from sdbench import api
@@ -99,12 +96,7 @@ CHILD = textwrap.dedent("""
 
 def test_fused_kernel_through_the_api_under_the_interpreter():
     pytest.importorskip("triton")
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    if report["probe"]:
-        pytest.skip(report["probe"])
+    report = run_interpreted(CHILD)
     assert report["same"] and report["fresh_binding_repeats_the_stream"]
 
 

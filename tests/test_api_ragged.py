@@ -4,14 +4,11 @@ sdbench's Triton kernels through the API under the interpreter (a subprocess: tr
 TRITON_INTERPRET at decoration), with γ_i past every kernel's cap on the T-sized bound of γ_max the API
 passes (it never reads the offsets)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 import sdbench
 from sdbench.errors import SdbenchError
@@ -188,12 +185,7 @@ CHILD = textwrap.dedent("""
 
 def test_sdbench_kernels_through_the_api_under_the_interpreter():
     pytest.importorskip("triton")
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    if report["probe"]:
-        pytest.skip(report["probe"])
+    report = run_interpreted(CHILD, timeout=900)
     assert report["failures"] == []
     assert report["verify_wrote_in_place"] and report["fast_moves_on"] and report["fresh_binding_repeats_the_stream"]
     assert report["bad_offsets_in_range"]

@@ -24,6 +24,7 @@ import dataclasses
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from sdbench import registry
 from sdbench.ops.prob_verify import reference
@@ -313,18 +314,9 @@ def test_fused_fast_mode_is_exact_under_the_interpreter():
     """The Triton fused sampler with its own in-kernel Philox randomness (fast mode: no reference gives its
     tokens), χ²-tested on the CPU under TRITON_INTERPRET=1 (a subprocess: triton.jit reads it at decoration).
     2,000 rounds (~40 s interpreted) on supports with zeros; the GPU runs 10^5 (tests/gpu/test_prob_gpu.py)."""
-    import json
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     pytest.importorskip("triton")
     script = INTERPRETER_CHI2.format(here=str(Path(__file__).resolve().parent))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    if report["reason"]:
-        pytest.skip(f"Triton cannot run here: {report['reason']}")
+    report = run_interpreted(script, timeout=900)
     assert min(report["pvalues"].values()) > SIGNIFICANCE, report["pvalues"]

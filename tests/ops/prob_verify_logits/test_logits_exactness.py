@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from sdbench.ops.prob_verify.reference import prob_output_tokens, prob_race, prob_verify
 from sdbench.ops.prob_verify_logits import reference
@@ -282,19 +283,10 @@ def test_fused_logits_block_rule_is_exact_under_the_interpreter(prefix_models):
     emits the target's joint (the χ² above) on INTERPRETER_BLOCK_ROUNDS rounds (~60 s interpreted); the same
     test at the same size rejects stopping at the first failed test (the token path's scan reused), and the
     GPU runs 10^5 rounds (tests/gpu/test_block_rule_gpu.py), where the subtler broken variants show too."""
-    import json
-    import os
-    import subprocess
 
     pytest.importorskip("triton")
     script = INTERPRETER_BLOCK_CHI2.format(here=str(Path(__file__).resolve().parent), rounds=INTERPRETER_BLOCK_ROUNDS)
-    repo = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", script], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    if report["reason"]:
-        pytest.skip(f"Triton cannot run here: {report['reason']}")
+    report = run_interpreted(script, timeout=900)
     kernel = {name: torch.tensor(values) for name, values in report["outputs"].items()}
     target, draft = prefix_models
     _, rounds = prefix_workload(target, draft, INTERPRETER_BLOCK_ROUNDS, seed=7)

@@ -19,11 +19,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from interpreted import run_interpreted
 
 from sdbench import registry
 from sdbench.ops.prob_verify_logits.workload import LogitsConfig
@@ -65,11 +65,7 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, str | None]:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        pytest.fail(f"interpreter run failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(script=Path(__file__), timeout=300)
 
 
 @needs_triton

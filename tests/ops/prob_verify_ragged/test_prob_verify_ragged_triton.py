@@ -15,12 +15,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -50,11 +50,7 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 
 def _run_script(path: Path, timeout: int) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        pytest.fail(f"interpreter run failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(script=path, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

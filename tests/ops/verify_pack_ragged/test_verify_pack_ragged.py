@@ -2,14 +2,11 @@
 against the padded workload's, and the Triton pipeline under the interpreter (in a subprocess, since
 triton.jit reads TRITON_INTERPRET at decoration time); a sweep of the op end to end."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from sdbench.ops.verify_pack_ragged.reference import verify_pack_ragged
 from sdbench.ops.verify_ragged.workload import make_ragged_workload
@@ -115,12 +112,7 @@ CHILD = textwrap.dedent("""
 
 def test_triton_pipeline_matches_the_reference_under_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    if report["probe"]:
-        pytest.skip(f"Triton cannot run here: {report['probe']}")
+    report = run_interpreted(CHILD)
     assert report["checked"] == 6 and report["failures"] == []
     assert report["bad_offsets"] == {"accepted": [8, 0, 8], "written_past": 0}
 

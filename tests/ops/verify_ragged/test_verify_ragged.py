@@ -2,14 +2,11 @@
 against the reference, and the Triton kernels under the interpreter (in a subprocess, since triton.jit
 reads TRITON_INTERPRET at decoration time)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from sdbench.ops.verify_ragged.reference import verify_ragged
 from sdbench.ops.verify_ragged.workload import flatten, make_ragged_workload
@@ -108,12 +105,7 @@ CHILD = textwrap.dedent("""
 
 def test_triton_kernels_match_the_reference_under_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    if report["probe"]:
-        pytest.skip(f"Triton cannot run here: {report['probe']}")
+    report = run_interpreted(CHILD)
     assert report["checked"] == 10 and report["failures"] == []
 
 
