@@ -7,14 +7,16 @@ warm L2, GPU time against the logits read floor, and the mean accepted length pe
 
 Timing is sdbench.measure.timing (gpu view: CUPTI device time per call; the graph and wall views with
 --views). Designs are timed in fast randomness (in-kernel Philox; FlashInfer draws its own), as an
-engine runs them. The bandwidth for the floor's time is --tbps (default 3.0 TB/s, the measured
-device-to-device copy rate on the H100 host, docs/perf-notes.md).
+engine runs them. The bandwidth for the floor's time is the device-to-device copy ceiling measured at the
+start of the run (a 1 GiB copy, bytes read + written per second; every row carries it as `copy_tbps`), or
+--tbps to fix it.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from collections.abc import Iterable
 
@@ -36,7 +38,7 @@ RULE_STATS_MAX_LOGITS = 2**28  # the eager block rule materialises p and q: skip
 
 
 def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: float, views=("gpu",),
-               device: str = "cuda") -> list[dict]:
+               device: str = "cuda", gpu_iters: int = 20) -> list[dict]:
     """One row per design at cfg: median time per view, the floor and the ratio the issue asks for."""
     from sdbench.measure.timing import TimingOptions, measure
 
@@ -51,12 +53,12 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
             runs[name] = impl.prepare(workload)
         else:
             reasons[name] = reason
-    timings = measure(runs, device, TimingOptions(warmup=5, iters=30, gpu_iters=20, cold_l2=cold_l2, views=views))
+    timings = measure(runs, device, TimingOptions(warmup=5, iters=30, gpu_iters=gpu_iters, cold_l2=cold_l2, views=views))
     rows = []
     for name in list(runs) + list(reasons):
         row = {"design": name, "rule": cfg.rule, "batch": cfg.batch_size, "gamma": cfg.gamma, "vocab": cfg.vocab_size,
                "dtype": cfg.logits_dtype, "l2": "cold" if cold_l2 else "warm", "floor_bytes": floor_bytes,
-               "floor_us": round(floor_us, 2), "reason": reasons.get(name, "")}
+               "copy_tbps": round(tbps, 3), "floor_us": round(floor_us, 2), "reason": reasons.get(name, "")}
         moved = design_bytes(cfg, BYTES_DESIGN.get(name, "softmax_then_prob"))
         row.update(read_bytes=moved["read"], written_bytes=moved["written"],
                    read_bytes_per_row=moved["read"] // (cfg.batch_size * (2 * cfg.gamma + 1)))
@@ -81,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true", help="b=32, γ=8, V=128256 only (both dtypes)")
     parser.add_argument("--designs", default=",".join(DESIGNS))
-    parser.add_argument("--tbps", type=float, default=3.0)
+    parser.add_argument("--tbps", type=float, default=None,
+                        help="bandwidth of the floor, TB/s (default: the copy ceiling measured at the start)")
+    parser.add_argument("--gpu-iters", type=int, default=20, help="CUPTI-timed calls per design and point")
     parser.add_argument("--views", default="gpu", help="comma list of gpu, graph, wall")
     parser.add_argument("--rule", default="token", choices=("token", "block"),
                         help="acceptance rule timed (block: fused_logits and torch_eager; the peers give their reason)")
@@ -96,11 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     grid = [cfg for cfg in benchmark_grid(rule=args.rule)
             if (not args.quick or (cfg.batch_size, cfg.gamma, cfg.vocab_size) == (32, 8, 128256))
             and keep(cfg.batch_size, args.b) and keep(cfg.gamma, args.gamma) and keep(cfg.vocab_size, args.vocab)]
+    if args.tbps is None:
+        from sdbench.commands.calibrate_tau import measure_copy_bandwidth_gbps
+
+        args.tbps = measure_copy_bandwidth_gbps("cuda", n_bytes=2**30) / 1000
+        print(f"copy ceiling: {args.tbps:.2f} TB/s (1 GiB device-to-device copy, read + write)", file=sys.stderr)
     rows = []
-    for cfg in grid:
-        for cold in (True, False):
-            rows.extend(time_point(cfg, args.designs.split(","), cold, args.tbps, tuple(args.views.split(","))))
-            print(rows[-1], file=sys.stderr)
+    with open(args.out + ".jsonl", "w") as progress:  # row by row, so a run cut short keeps what it measured
+        for cfg in grid:
+            for cold in (True, False):
+                point = time_point(cfg, args.designs.split(","), cold, args.tbps, tuple(args.views.split(",")),
+                                   gpu_iters=args.gpu_iters)
+                rows.extend(point)
+                progress.writelines(json.dumps(row) + "\n" for row in point)
+                progress.flush()
+                print(point[0], file=sys.stderr)
     fields = list(dict.fromkeys(key for row in rows for key in row))
     with open(args.out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)

@@ -8,12 +8,13 @@ float32 rounding, see reference.py):
   and q_i(x_i), i.e. the softmax normalisers (max, Σexp) of target row i and draft row i, and the
   first rejection k needs all of them; the race at k needs rows k again. So:
   1. `_row_stats_kernel`, grid (B·(2γ+1), splits): program (row, s) sweeps its span of one logits
-     row (target rows 0..γ, then draft rows 0..γ-1) in TILE-column steps: max, Σexp(z - max) and
+     row (target rows 0..γ, then draft rows 0..γ-1) in STATS_TILE-column steps, each lane of the tile
+     keeping its own online max and Σexp(z - max) (one exp per logit, no reduction inside the loop) and
      (greedy rows) the first argmax of z = logits·(1/T). Writes one partial (max, sumexp, argmax)
      per program. Every logit is read once: this is the floor, and the kernel is a pure stream.
      splits is chosen so B·(2γ+1)·splits fills the machine; at B·(2γ+1) >= 4·SMs it is 1.
-  2. `_logits_race_kernel`, grid (B, chunks), the prob `fused` sampler's shape: program (b, c)
-     combines its sequence's (2γ+1)·splits partials (L2-resident, a few KB), gathers the 2γ logits at
+  2. `_logits_race_kernel`, grid (B, chunks), the prob `fused` sampler's shape (at large B·chunks a
+     program takes several chunks, `race_steps`): program (b, c) combines its sequence's (2γ+1)·splits partials (L2-resident, a few KB), gathers the 2γ logits at
      the draft tokens, runs the accept scan to k, then reads its chunk of target row k and draft row
      k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with the row-k
      normalisers, and folds its best race key w/E into best[b] with a 64-bit atomic max; the last
@@ -70,11 +71,18 @@ try:
 except ImportError:  # older Triton layouts
     from triton.language.extra.cuda import libdevice
 
-TILE = 64 if INTERPRETED else 2048  # columns per step of a stats program (16 per thread at 4 warps)
+TILE = 64 if INTERPRETED else 2048  # columns per step of a block-mass program (16 per thread at 4 warps)
 STATS_WARPS = 4
+# Pass 1's tile: 8 logits per thread at 4 warps, two tiles in flight. Measured on the H200 (GPU µs, cold L2, pass
+# 1 alone, b=512 γ=8 V=128256): bf16 631 (2048 with prefetch: 635; without: 933; per-tile reductions: 744),
+# fp32 1017 (1064; 1120; 1006): docs/perf-notes.md, "Pass 1 per lane".
+STATS_TILE = 32 if INTERPRETED else 1024
 STATS_PROGRAMS_PER_SM = 16  # pass 1 is a pure stream: many programs in flight per SM hide latency (4 -> 16: b=32 V=128256 bf16 122.7 -> 97.8 µs cold; 64 is slower)
 NO_INDEX = tl.constexpr(2**31 - 1)  # globals a jit function reads must be constexpr
+LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: pass 1's empty lane (see _row_stats_kernel)
+LOG2E = tl.constexpr(1.4426950408889634)
 TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_contract
+RACE_PROGRAMS_PER_SM = 16  # the race's programs beyond this run several chunks each (race_steps)
 RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
 
 
@@ -100,9 +108,15 @@ def _row_stats_kernel(
     vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
     GAMMA: tl.constexpr, TILE: tl.constexpr,
 ):
-    """Grid (B·(2γ+1), splits). Program (row, s): columns [s·span, min((s+1)·span, V)) of one row,
-    TILE at a time: running max m, Σexp(z - m) rescaled when m grows (one exp per logit), and for
-    greedy rows the first index of the max. Registers: one TILE of logits (16 per thread)."""
+    """Grid (B·(2γ+1), splits). Program (row, s): columns [s·span, min((s+1)·span, V)) of one row, TILE
+    at a time, each lane of the tile keeping its own running max m and Σexp(z - m) (and, on a greedy row,
+    the first column of its max) so the loop needs no reduction across threads: one exp per logit,
+    exp(-|x - m|·c), serves both cases (x <= m: add it; x > m: rescale the sum by it and add 1). The lanes
+    combine once, at the end of the span. m runs on the raw logits (c = log2(e)/T folds the temperature
+    into the exponent's multiply); the stored max is max(x)·(1/T), the same float as max(x·(1/T)),
+    since rounding a product by a positive number is monotonic. Lanes start at -FLT_MAX, not -inf, so a
+    masked or -inf logit adds exp2(-inf) = 0 and never NaN (a span of -inf logits leaves s = 0). The next
+    tile is loaded before this one is folded in (two tiles in flight per program)."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     b = (row // (2 * GAMMA + 1)).to(tl.int64)
@@ -114,26 +128,34 @@ def _row_stats_kernel(
         base = draft_ptr + b * stride_q_b + (r - GAMMA - 1) * stride_q_row
         temperature = tl.load(draft_temp_ptr + b)
     inverse = _inverse_temperature(temperature)
+    scale = inverse * LOG2E
     greedy = temperature == 0
     start = split * span
     end = tl.minimum(start + span, vocab)
-    m = tl.zeros([], tl.float32) - float("inf")
-    s = tl.zeros([], tl.float32)
-    arg = tl.zeros([], tl.int32) + NO_INDEX
-    for tile_start in range(start, end, TILE):
-        cols = tile_start + tl.arange(0, TILE)
-        z = tl.load(base + cols, mask=cols < end, other=float("-inf")).to(tl.float32) * inverse
-        tile_max = tl.max(z, axis=0)
-        new_m = tl.maximum(m, tile_max)
-        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(z - new_m), axis=0)
+    m = tl.full([TILE], LOWEST, tl.float32)
+    s = tl.zeros([TILE], tl.float32)
+    arg = tl.full([TILE], NO_INDEX, tl.int32)
+    cols = start + tl.arange(0, TILE)
+    x = tl.load(base + cols, mask=cols < end, other=float("-inf")).to(tl.float32)
+    for tile_start in range(start + TILE, end + TILE, TILE):
+        next_cols = tile_start + tl.arange(0, TILE)  # past the span on the last step: masked, nothing read
+        next_x = tl.load(base + next_cols, mask=next_cols < end, other=float("-inf")).to(tl.float32)
+        grew = x > m
+        e = tl.exp2(-tl.abs(x - m) * scale)
+        s = tl.where(grew, s * e + 1.0, s + e)
         if greedy:
-            first = tl.min(tl.where(z == tile_max, cols, NO_INDEX), axis=0)
-            arg = tl.where(tile_max > m, first, arg)
-        m = new_m
+            arg = tl.where(grew, tile_start - TILE + tl.arange(0, TILE), arg)
+        m = tl.maximum(m, x)
+        x = next_x
+    row_max = tl.max(m, axis=0)
+    total = tl.sum(s * tl.exp2((m - row_max) * scale), axis=0)
+    first = tl.full([], NO_INDEX, tl.int32)
+    if greedy:  # only greedy rows read their argmax: the others skip a third reduction
+        first = tl.min(tl.where(m == row_max, arg, NO_INDEX), axis=0)
     out = row * splits + split
-    tl.store(stats_max_ptr + out, m)
-    tl.store(stats_sum_ptr + out, s)
-    tl.store(stats_arg_ptr + out, arg)
+    tl.store(stats_max_ptr + out, tl.where(row_max > LOWEST, row_max * inverse, float("-inf")))
+    tl.store(stats_sum_ptr + out, total)
+    tl.store(stats_arg_ptr + out, first)
 
 
 @triton.jit
@@ -325,7 +347,7 @@ def _block_mass_kernel(
     draft_row = draft_ptr + b * stride_q_b + i * stride_q_row
     start = split * span
     end = tl.minimum(start + span, vocab)
-    mass = tl.zeros([], tl.float32)
+    mass = tl.zeros([TILE], tl.float32)  # a partial per lane, reduced once at the end of the span
     if temperature_t != 0:  # see above: a greedy target row keeps r_i = 0
         target_scale = weight / sum_t  # w·p = w/S_t · exp(z - M_t): one multiply per logit
         draft_scale = 1.0 / sum_d
@@ -337,8 +359,8 @@ def _block_mass_kernel(
             q = tl.exp(z_d - max_d) * draft_scale
             q = tl.where(greedy_d, tl.where(cols == arg_d, 1.0, 0.0), q)
             residual = target_scale * tl.exp(z_t - max_t) - q
-            mass += tl.sum(tl.where(inside & (residual > 0), residual, 0.0), axis=0)
-    tl.store(mass_ptr + row * mass_splits + split, mass)
+            mass += tl.where(inside & (residual > 0), residual, 0.0)
+    tl.store(mass_ptr + row * mass_splits + split, tl.sum(mass, axis=0))
 
 
 @triton.jit
@@ -346,15 +368,24 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
               max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
               SCALED: tl.constexpr):
     """Packed race keys w/E at cols of row k, w = p - q (q := 0 at the bonus row); -1 where w <= 0.
+    Supplied randomness computes p and q as the reference does (IEEE division, the precise exp); fast mode,
+    whose draws are exact in distribution and never compared bit for bit, uses the hardware exp and one
+    multiply by 1/S (a relative error of a few 1e-7 in w, against ~60 instructions per column saved).
     SCALED (the block rule): w = target_scale·p - q, target_scale = w_τ below γ and 1 at the bonus row."""
     inside = cols < vocab
     z_t = tl.load(target_row + cols, mask=inside, other=float("-inf")).to(tl.float32) * inverse_t
-    p = tl.math.div_rn(_exp(z_t - max_t, PRECISE_MATH), sum_t)
+    if FAST:  # in-kernel randomness is exact in distribution, never bit-compared: the hardware exp, one multiply
+        p = tl.exp(z_t - max_t) * (1.0 / sum_t)
+    else:
+        p = tl.math.div_rn(_exp(z_t - max_t, PRECISE_MATH), sum_t)
     if SCALED:
         p = target_scale * p
     draft_inside = cols < tl.where(has_draft, vocab, 0)
     z_d = tl.load(draft_row + cols, mask=draft_inside, other=float("-inf")).to(tl.float32) * inverse_d
-    q = tl.math.div_rn(_exp(z_d - max_d, PRECISE_MATH), sum_d)
+    if FAST:
+        q = tl.exp(z_d - max_d) * (1.0 / sum_d)
+    else:
+        q = tl.math.div_rn(_exp(z_d - max_d, PRECISE_MATH), sum_d)
     q = tl.where(greedy_d, tl.where(cols == arg_d, 1.0, 0.0), q)
     q = tl.where(draft_inside, q, 0.0)
     residual = p - q
@@ -411,10 +442,13 @@ def _logits_race_kernel(
     seed, vocab, splits, mass_splits, chunks,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
-    MASS_PAD: tl.constexpr, ROWS: tl.constexpr, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
-    RULE: tl.constexpr,
+    MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
+    FAST: tl.constexpr, RULE: tl.constexpr,
 ):
-    """Grid (B, chunks); program (b, c) owns columns [c·4·ROWS, (c+1)·4·ROWS) of the stopping row.
+    """Grid (B, chunks); program (b, c) owns STEPS chunks of 4·ROWS columns of the stopping row, columns
+    [c·STEPS·4·ROWS, (c+1)·STEPS·4·ROWS): at large B, where the chunks alone would fill the machine many
+    times over, more chunks per program pay the stats combine and the accept scan (a few dependent L2
+    round trips) once for all of them.
     best_ptr (int64 [B]) and arrivals_ptr (int32 [B]) start zeroed and are left zeroed.
     RULE "token": the stop is the first rejection (mass_ptr is not read). RULE "block": the stop τ and
     w_τ from the draft-token ratios and the residual masses at mass_ptr (`_block_scan`), and the race
@@ -422,8 +456,6 @@ def _logits_race_kernel(
     Fast mode draws at the Philox offset offsets_ptr[b] (int64 [B]), which the last arrival advances by one,
     as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work."""
     b = tl.program_id(0).to(tl.int64)
-    start = tl.program_id(1) * (4 * ROWS)
-    cols = _chunk_columns(start, ROWS)
     offset = _philox_offset(offsets_ptr, b, FAST)
     noise_row = noise_ptr + b * stride_e_b
     temperature_t = tl.load(target_temp_ptr + b)
@@ -449,14 +481,20 @@ def _logits_race_kernel(
     max_t, sum_t = _pick(row_max, k, R_PAD), _pick(row_sum, k, R_PAD)
     target_row = target_ptr + b * stride_p_b + k * stride_p_row
     if temperature_t != 0:  # a greedy target's next token is the argmax of row k: no race, no row read
-        noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
-        # block: at τ < γ the target row is scaled by w_τ; the bonus row (τ = γ) is p_γ as it is
-        keys, _ = _row_keys(target_row, draft_ptr + b * stride_q_b + draft_k * stride_q_row, noise, cols, vocab,
-                            has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t,
-                            _pick(row_max, draft_k + GAMMA + 1, R_PAD), _pick(row_sum, draft_k + GAMMA + 1, R_PAD),
-                            _pick(row_arg, draft_k + GAMMA + 1, R_PAD), tl.where(has_draft, stop_weight, 1.0),
-                            PRECISE_MATH, FAST, RULE == "block")
-        tl.atomic_max(best_ptr + b, tl.max(tl.max(keys, axis=1), axis=0), sem="relaxed")
+        draft_row = draft_ptr + b * stride_q_b + draft_k * stride_q_row
+        max_d, sum_d = _pick(row_max, draft_k + GAMMA + 1, R_PAD), _pick(row_sum, draft_k + GAMMA + 1, R_PAD)
+        arg_d = _pick(row_arg, draft_k + GAMMA + 1, R_PAD)
+        target_scale = tl.where(has_draft, stop_weight, 1.0)
+        best = tl.full([ROWS, 4], -1, tl.int64)  # below every positive key; a max <= 0 means "no w > 0"
+        for step in range(STEPS):
+            start = (tl.program_id(1) * STEPS + step) * (4 * ROWS)
+            cols = _chunk_columns(start, ROWS)  # past V: masked, nothing read, key -1
+            noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
+            # block: at τ < γ the target row is scaled by w_τ; the bonus row (τ = γ) is p_γ as it is
+            keys, _ = _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
+                                max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH, FAST, RULE == "block")
+            best = tl.maximum(best, keys)
+        tl.atomic_max(best_ptr + b, tl.max(tl.max(best, axis=1), axis=0), sem="relaxed")
     arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
     if arrived == chunks - 1:
         winner = tl.atomic_xchg(best_ptr + b, 0, sem="relaxed")
@@ -621,15 +659,26 @@ def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE) ->
 
 
 def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device) -> StatsPlan:
-    return default_row_plan(batch * (2 * gamma + 1), vocab, device)
+    return default_row_plan(batch * (2 * gamma + 1), vocab, device, tile=STATS_TILE)
 
 
-def default_row_plan(rows: int, vocab: int, device: torch.device) -> StatsPlan:
+def default_row_plan(rows: int, vocab: int, device: torch.device, tile: int = TILE) -> StatsPlan:
     """The split of `rows` streamed rows (pass 1's logits rows, the block rule's row pairs) that fills the machine."""
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return stats_plan(rows, vocab, STATS_PROGRAMS_PER_SM * sms)
-    return stats_plan(rows, vocab, 3 * rows)  # the interpreter: a few splits, to exercise the combine
+        return stats_plan(rows, vocab, STATS_PROGRAMS_PER_SM * sms, tile)
+    return stats_plan(rows, vocab, 3 * rows, tile)  # the interpreter: a few splits, to exercise the combine
+
+
+def race_steps(batch: int, chunks: int, device: torch.device) -> int:
+    """Chunks per race program: 1 until B·chunks exceeds RACE_PROGRAMS_PER_SM programs per SM, then as
+    many as keep about that many programs (balanced: the last program of a row is not left a sliver)."""
+    if device.type == "cuda":
+        target = RACE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = 2 * batch  # the interpreter: two programs per row, to exercise the loop and the combine
+    steps = max(1, min(chunks, batch * chunks // target))
+    return triton.cdiv(chunks, triton.cdiv(chunks, steps))
 
 
 def _precise_math(device: torch.device) -> bool:
@@ -642,7 +691,7 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
             torch.empty(count, dtype=torch.int32, device=device))
 
 
-def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int = TILE):
+def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int = STATS_TILE):
     batch, gamma, vocab = t.shape
     args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
             vocab, plan.span, plan.splits, t.target_logits.stride(0), t.target_logits.stride(1),
@@ -660,6 +709,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     device = t.draft_tokens.device
     plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device)
     race = default_fused_plan(batch, vocab, device)
+    steps = race_steps(batch, race.splits, device)
+    race_programs = triton.cdiv(race.splits, steps)
     stats = allocate_stats(batch, gamma, plan.splits, device)
     best = torch.zeros(batch, dtype=torch.int64, device=device)
     arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
@@ -681,13 +732,13 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
         t.exponential_noise, *stats, mass, outputs["accepted_lengths"], outputs["next_tokens"],
         outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, seed, vocab, plan.splits,
-        mass_plan.splits, race.splits, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
+        mass_plan.splits, race_programs, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
         t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0),
         outputs["output_tokens"].stride(0),
     )
-    meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, FAST=fast, RULE=rule,
-                num_warps=race.num_warps)
-    launches.append(BoundLaunch(_logits_race_kernel, (batch, race.splits), args, meta, device))
+    meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=steps, FAST=fast,
+                RULE=rule, num_warps=race.num_warps)
+    launches.append(BoundLaunch(_logits_race_kernel, (batch, race_programs), args, meta, device))
 
     def launch() -> None:
         for step in launches:
@@ -711,7 +762,7 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
     block_best = torch.empty((batch, plan.splits), dtype=torch.int64, device=device)
     offsets = philox_offsets(batch, offset, device)  # the finish kernel advances them, call by call
     precise = _precise_math(device)
-    stats_launch = _stats_launch(t, stats, plan, tile=min(block, TILE))
+    stats_launch = _stats_launch(t, stats, plan, tile=min(block, STATS_TILE))
     scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
                  t.uniforms, *stats, stop, stop_stats, offsets, seed, plan.splits, vocab,
                  t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),

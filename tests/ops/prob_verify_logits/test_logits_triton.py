@@ -40,7 +40,8 @@ PARITY_CONFIGS = {
 }
 FAST_CASES = ("fused_logits_fast_advances_its_offset", "vllm_v2_style_fast_advances_its_offset",
               "fused_logits_fast_equals_vllm_v2_style_fast",
-              "fused_logits_leaves_scratch_clean", "stats_plan_covers_the_row", "fused_logits_any_split_agrees")
+              "fused_logits_leaves_scratch_clean", "stats_plan_covers_the_row", "fused_logits_any_split_agrees",
+              "row_stats_match_float64")
 # rule="block" in fused_logits; "greedy_drafts" zeroes the draft temperature of every other request and
 # "bad_tokens" writes draft ids outside [0, V) (both edits in _block_workload).
 BLOCK_PARITY_CONFIGS = {
@@ -166,11 +167,59 @@ def _run_cases() -> dict[str, str | None]:
     def vllm_advances():
         return fast_mode_advances(vllm, fast, snapshot)
 
-    for case, run in zip(FAST_CASES, (deterministic, vllm_advances, equals_vllm, scratch_clean, plan_covers, any_split),
-                         strict=True):
+    for case, run in zip(FAST_CASES, (deterministic, vllm_advances, equals_vllm, scratch_clean, plan_covers, any_split,
+                                      lambda: _row_stats_failures(kernels)), strict=True):
         record(case, run)
     _run_block_cases(record, snapshot)
     return verdicts
+
+
+def _row_stats_failures(kernels) -> str | None:
+    """Pass 1 alone, its partials combined here, against float64: the row max (the float32 max of x·(1/T),
+    exactly), Σ exp(z - max) (relative 1e-5) and, on greedy rows, the first index of the max (exactly), for
+    1, 3 and 5 splits of each row (1 to 5 tiles per split), unit-scale float32 and bf16 logits, a row whose last 100 logits are -inf (whole
+    splits of them), a row starting with 50 -inf logits, and a tie for the max on a greedy row."""
+    import torch
+
+    from sdbench.ops.prob_verify_logits.workload import make_logits_workload
+
+    failures = []
+    for dtype in ("float32", "bfloat16"):
+        w = make_logits_workload(LogitsConfig(3, 2, vocab_size=300, logits_dtype=dtype, seed=21))
+        # flat logits (unit scale), so no single term dominates a sum and every lane's rescale path counts
+        gen = torch.Generator().manual_seed(22)
+        target = torch.randn(w.target_logits.shape, generator=gen).to(w.target_logits.dtype)
+        draft = torch.randn(w.draft_logits.shape, generator=gen).to(w.draft_logits.dtype)
+        target[1, 1, 200:] = float("-inf")
+        draft[2, 0, :50] = float("-inf")
+        assert float(w.target_temperature[0]) == 0.0, "request 0 must be greedy for the tie"
+        target[0, 0, [230, 81, 17]] = target[0, 0].max() + 1  # first index of the max: 17 (81: same lane)
+        inputs = kernels.LogitsTensors(w.draft_tokens, target, draft, w.target_temperature, w.draft_temperature,
+                                       w.uniforms, w.exponential_noise)
+        rows = torch.cat([target, draft], dim=1).float()  # [B, 2γ+1, V], pass 1's row order
+        temperature = torch.cat([w.target_temperature[:, None].expand(-1, 3), w.draft_temperature[:, None].expand(-1, 2)],
+                                dim=1)
+        inverse = torch.where(temperature > 0, 1.0 / torch.where(temperature > 0, temperature, 1.0), 1.0)
+        z = rows * inverse[..., None]  # float32, as the kernel scales
+        want_max = z.max(dim=2).values
+        want_sum = torch.exp(z.double() - want_max.double()[..., None]).sum(dim=2)
+        want_arg = rows.argmax(dim=2)  # the first index of the max
+        for span in (64, 128, 320):
+            plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
+            stats = kernels.allocate_stats(3, 2, plan.splits, target.device)
+            kernels._stats_launch(inputs, stats, plan)()
+            m, s, a = (part.view(3, 5, plan.splits) for part in stats)
+            got_max = m.max(dim=2).values
+            got_sum = (s.double() * torch.exp(m.double() - got_max.double()[..., None])).sum(dim=2)
+            got_arg = torch.where(m == got_max[..., None], a, 2**31 - 1).min(dim=2).values
+            greedy = temperature == 0
+            if not torch.equal(got_max, want_max):
+                failures.append(f"{dtype} span {span}: max {got_max.tolist()} != {want_max.tolist()}")
+            if not torch.allclose(got_sum, want_sum, rtol=1e-5, atol=0):
+                failures.append(f"{dtype} span {span}: sum {got_sum.tolist()} != {want_sum.tolist()}")
+            if not torch.equal(got_arg[greedy], want_arg[greedy].to(got_arg.dtype)):
+                failures.append(f"{dtype} span {span}: argmax {got_arg[greedy].tolist()} != {want_arg[greedy].tolist()}")
+    return "; ".join(failures) or None
 
 
 def _block_workload(config_name: str, cfg: LogitsConfig):
