@@ -1,7 +1,7 @@
 """The from-logits benchmark driver the lead runs on the H100: every design at every grid point, cold and
 warm L2, GPU time against the logits read floor, and the mean accepted length per rule.
 
-    python -m sdbench.commands.logits_bench --out logits.csv            # the issue's 216 points
+    python -m sdbench.commands.logits_bench --out logits.csv            # the issue's 72 points
     python -m sdbench.commands.logits_bench --quick --out quick.csv     # b=32, γ=8, V=128256
     python -m sdbench.commands.logits_bench --quick --rule block --out block.csv
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import sys
 from collections.abc import Iterable
@@ -34,11 +35,34 @@ from sdbench.ops.prob_verify_logits.workload import (
 
 DESIGNS = ("fused_logits", "vllm_v2_style", "softmax_fused_prob", "softmax_flashinfer", "torch_eager")
 BYTES_DESIGN = {"fused_logits": "fused_logits", "vllm_v2_style": "vllm_v2_style"}  # the rest: softmax_then_prob
-RULE_STATS_MAX_LOGITS = 2**28  # the eager block rule materialises p and q: skip the column above this
+RULE_CHUNK_LOGITS = 2**27  # the eager rules materialise p and q (and temporaries): this many logits at a time
+_MEANS: dict[LogitsConfig, dict[str, float]] = {}  # one reference run per point, shared by its cold and warm rows
+
+
+def _mean_lengths(cfg: LogitsConfig, workload) -> dict[str, float]:
+    """Mean accepted drafts per sequence under each rule (the reference, supplied randomness), over batch
+    chunks of at most RULE_CHUNK_LOGITS logits, so every point of the grid gets both columns."""
+    if cfg not in _MEANS:
+        rows = max(1, RULE_CHUNK_LOGITS // ((2 * cfg.gamma + 1) * cfg.vocab_size))
+        totals = {"token": 0.0, "block": 0.0}
+        for start in range(0, cfg.batch_size, rows):
+            part = slice(start, min(start + rows, cfg.batch_size))
+            size = part.stop - part.start
+            chunk = dataclasses.replace(
+                workload, config=dataclasses.replace(cfg, batch_size=size), randomness="supplied",
+                **{name: getattr(workload, name)[part] for name in BATCHED_FIELDS})
+            for rule, mean in mean_accepted_length_by_rule(chunk).items():
+                totals[rule] += mean * size
+        _MEANS[cfg] = {rule: total / cfg.batch_size for rule, total in totals.items()}
+    return _MEANS[cfg]
+
+
+BATCHED_FIELDS = ("draft_tokens", "target_logits", "draft_logits", "target_temperature", "draft_temperature",
+                  "uniforms", "exponential_noise")
 
 
 def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: float, views=("gpu",),
-               device: str = "cuda", gpu_iters: int = 20) -> list[dict]:
+               device: str = "cuda", gpu_iters: int = 20, means: bool = True) -> list[dict]:
     """One row per design at cfg: median time per view, the floor and the ratio the issue asks for."""
     from sdbench.measure.timing import TimingOptions, measure
 
@@ -68,10 +92,10 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
             if view in ("gpu", "cpu") and stats:
                 row["vs_floor_plus_3us"] = round(stats.median_us / (1.3 * floor_us + 3.0), 3)
         rows.append(row)
-    if cfg.batch_size * (2 * cfg.gamma + 1) * cfg.vocab_size <= RULE_STATS_MAX_LOGITS:
-        means = mean_accepted_length_by_rule(make_logits_workload(cfg, device))
+    if means:
+        lengths = _mean_lengths(cfg, workload)
         for row in rows:
-            row.update(mean_length_token=round(means["token"], 4), mean_length_block=round(means["block"], 4))
+            row.update(mean_length_token=round(lengths["token"], 4), mean_length_block=round(lengths["block"], 4))
     del workload, runs
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -86,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tbps", type=float, default=None,
                         help="bandwidth of the floor, TB/s (default: the copy ceiling measured at the start)")
     parser.add_argument("--gpu-iters", type=int, default=20, help="CUPTI-timed calls per design and point")
+    parser.add_argument("--no-means", action="store_true", help="skip the mean accepted length per rule")
     parser.add_argument("--views", default="gpu", help="comma list of gpu, graph, wall")
     parser.add_argument("--rule", default="token", choices=("token", "block"),
                         help="acceptance rule timed (block: fused_logits and torch_eager; the peers give their reason)")
@@ -110,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         for cfg in grid:
             for cold in (True, False):
                 point = time_point(cfg, args.designs.split(","), cold, args.tbps, tuple(args.views.split(",")),
-                                   gpu_iters=args.gpu_iters)
+                                   gpu_iters=args.gpu_iters, means=not args.no_means)
                 rows.extend(point)
                 progress.writelines(json.dumps(row) + "\n" for row in point)
                 progress.flush()

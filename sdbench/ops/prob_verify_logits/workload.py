@@ -241,7 +241,7 @@ GRID_DTYPES = ("bfloat16", "float32")
 
 def benchmark_grid(rule: str = "token", seed: int = 0) -> Iterator[LogitsConfig]:
     """The issue's grid: b ∈ {1, 32, 128, 512} × γ ∈ {4, 8, 16} × V ∈ {32000, 128256, 151936} × bf16/fp32
-    (216 points; the lead times each cold and warm L2)."""
+    (72 points; the lead times each cold and warm L2)."""
     points = itertools.product(GRID_BATCHES, GRID_GAMMAS, GRID_VOCABS, GRID_DTYPES)
     for index, (batch, gamma, vocab, dtype) in enumerate(points):
         yield LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, rule=rule, seed=seed + index)

@@ -205,3 +205,15 @@ def test_bench_rows_carry_the_floor_the_bytes_and_both_rules():
     assert eager["vs_floor_plus_3us"] == pytest.approx(eager["cpu_us"] / (1.3 * eager["floor_us"] + 3.0), rel=1e-2)
     assert flashinfer["reason"] and "cpu_us" not in flashinfer
     assert 0 <= eager["mean_length_token"] <= 2 and 0 <= eager["mean_length_block"] <= 2
+
+
+def test_bench_mean_lengths_over_batch_chunks_equal_the_whole_batch(monkeypatch):
+    import sdbench.commands.logits_bench as bench
+
+    cfg = LogitsConfig(7, 3, vocab_size=50, seed=4)
+    workload = make_logits_workload(cfg)
+    whole = reference.mean_accepted_length_by_rule(workload)
+    monkeypatch.setattr(bench, "RULE_CHUNK_LOGITS", 2 * 7 * 50)  # two requests a chunk: 2, 2, 2, 1
+    monkeypatch.setattr(bench, "_MEANS", {})
+    chunked = bench._mean_lengths(cfg, workload.with_randomness("fast"))
+    assert chunked == pytest.approx(whole, rel=1e-12)
