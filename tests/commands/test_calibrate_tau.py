@@ -194,3 +194,39 @@ def test_without_results_the_cli_chains_the_mini_sweep_then_the_fit(tmp_path, mo
 def test_calibrate_refuses_to_measure():
     with pytest.raises(SdbenchError, match="no results given"):
         tau.calibrate([], write=False)
+
+
+SEGMENTED = Profile(gpu_name="NVIDIA H200", gpu_cc="9.0", segment_upper_bytes=[40255.38242518707, 2.5e6, math.inf],
+                    segment_impls=["fused", "ballot+pack_cuda", "fused_scan"],
+                    candidates=["fused", "fused_scan", "ballot+pack_cuda", "ballot+pack_scan"], view="graph",
+                    configs=508, misclassified=12, source_run_ids=["run-a"], note="three segments")
+
+
+def test_per_size_profile_round_trips_in_flat_toml(tmp_path):
+    text = thresholds.dumps(SEGMENTED)
+    assert "segment_upper_bytes = [40255.38242518707, 2500000.0, inf]\n" in text
+    assert 'segment_impls = ["fused", "ballot+pack_cuda", "fused_scan"]\n' in text
+    assert "tau_bytes" not in text and "small_impl" not in text  # one rule form per file
+    assert thresholds.read_profile(thresholds.write_profile(SEGMENTED, tmp_path)) == SEGMENTED
+    assert Profile(**thresholds.parse_flat_toml(text)) == SEGMENTED  # Python 3.10's reader too
+
+
+def test_per_size_rule_in_words():
+    assert SEGMENTED.rule() == ("NVIDIA H200: accepted KV bytes < 40.3 KB -> fused, < 2.5 MB -> ballot+pack_cuda, "
+                                "else fused_scan")
+    one = Profile(gpu_name="G", segment_upper_bytes=[math.inf], segment_impls=["fused"])
+    assert one.rule() == "G: always fused (it won at every measured size)"
+
+
+@pytest.mark.parametrize("body, message", [
+    ('segment_upper_bytes = [1.0, inf]\nsegment_impls = ["a"]\n', "same length"),
+    ('segment_upper_bytes = [2.0, 1.0, inf]\nsegment_impls = ["a", "b", "c"]\n', "rise strictly"),
+    ('segment_upper_bytes = [1.0, 2.0]\nsegment_impls = ["a", "b"]\n', "end with inf"),
+    ('segment_impls = ["a"]\n', "same length"),
+    ('segment_upper_bytes = [inf]\nsegment_impls = ["a"]\ntau_bytes = 1.0\n', "keep one form"),
+    ('note = "x"\n', "missing 'tau_bytes' (or segment_upper_bytes and segment_impls)"),
+])
+def test_bad_per_size_profiles_are_one_line_errors(tmp_path, body, message):
+    (tmp_path / "x.toml").write_text('gpu_name = "A"\n' + body)
+    with pytest.raises(SdbenchError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        thresholds.read_profile(tmp_path / "x.toml")
