@@ -77,7 +77,7 @@ class Profile:
         """The rule as (low_bytes, high_bytes, impl) segments covering [0, inf), in order."""
         if self.per_size:
             lows = [0.0] + [float(bound) for bound in self.segment_upper_bytes[:-1]]
-            return tuple(zip(lows, (float(bound) for bound in self.segment_upper_bytes), self.segment_impls))
+            return tuple(zip(lows, (float(bound) for bound in self.segment_upper_bytes), self.segment_impls, strict=True))
         if math.isinf(self.tau_bytes):
             return ((0.0, math.inf, self.small_impl),)
         if self.tau_bytes <= 0:
@@ -272,7 +272,7 @@ def _check_segments(data: dict, where: str) -> None:
         bounds = [float(bound) for bound in uppers]
     except (TypeError, ValueError):
         raise SdbenchError(f"{where}: segment_upper_bytes must be numbers, got {uppers!r}") from None
-    if not math.isinf(bounds[-1]) or any(not 0 < low < high for low, high in zip(bounds, bounds[1:])) or bounds[0] <= 0:
+    if not math.isinf(bounds[-1]) or any(not 0 < low < high for low, high in zip(bounds, bounds[1:], strict=False)) or bounds[0] <= 0:
         raise SdbenchError(f"{where}: segment_upper_bytes must rise strictly from above 0 and end with inf, "
                            f"got {uppers!r}")
 
@@ -372,3 +372,51 @@ def crossing_bytes(low_bytes: float, high_bytes: float, log_ratio_low: float, lo
     else:
         fraction = 0.5
     return math.exp(log_low + fraction * (log_high - log_low))
+
+
+def fewest_segments(loss: np.ndarray, tiebreak: np.ndarray, budget: float) -> list[tuple[int, int, int]]:
+    """The per-size rule with the fewest segments whose total loss stays within budget.
+
+    loss, tiebreak: [groups, impls], each implementation's loss at each distinct byte value (ascending);
+    a rule splits the groups into runs and gives each run one implementation. Exact dynamic program over
+    (group, segments so far, implementation of the current one), all segment counts at once: for each
+    count the cheapest rule (lowest loss, then lowest tiebreak, then the earliest cut); the answer is the
+    fewest within budget (budget >= the per-group best, which the finest rule reaches). O(groups ·
+    segments · impls²). Returns [(first group, end group (exclusive), impl index)].
+    """
+    groups, impls = loss.shape
+    winners = loss.argmin(axis=1)
+    most = 1 + int(np.count_nonzero(winners[1:] != winners[:-1]))  # the finest rule has this many
+    slack = 1e-9 * max(1.0, float(np.abs(loss).sum()))
+    # cost[k, i], extra[k, i]: the groups so far in k + 1 segments, the last one running impl i
+    cost, extra = np.full((most, impls), np.inf), np.full((most, impls), np.inf)
+    cost[0], extra[0] = loss[0], tiebreak[0]
+    came_from = np.zeros((groups, most, impls), dtype=np.int16)  # impl of the previous group
+    came_from[0] = np.arange(impls)
+    others = ~np.eye(impls, dtype=bool)  # [to i, from j]: a new segment changes implementation
+    for group in range(1, groups):
+        from_cost = np.where(others, cost[:, None, :], np.inf)
+        from_extra = np.where(others, extra[:, None, :], np.inf)
+        near = from_cost <= from_cost.min(axis=2, keepdims=True) + slack
+        previous = np.argmin(np.where(near, from_extra, np.inf), axis=2)
+        switch_cost = np.take_along_axis(from_cost, previous[..., None], 2)[..., 0]
+        switch_extra = np.take_along_axis(from_extra, previous[..., None], 2)[..., 0]
+        # a switch from k + 1 segments makes k + 2
+        switch_cost = np.vstack([np.full((1, impls), np.inf), switch_cost[:-1]])
+        switch_extra = np.vstack([np.full((1, impls), np.inf), switch_extra[:-1]])
+        previous = np.vstack([np.zeros((1, impls), dtype=previous.dtype), previous[:-1]])
+        stay = (cost < switch_cost - slack) | ((cost <= switch_cost + slack) & (extra <= switch_extra))
+        cost = np.where(stay, cost, switch_cost) + loss[group]
+        extra = np.where(stay, extra, switch_extra) + tiebreak[group]
+        came_from[group] = np.where(stay, np.arange(impls), previous)
+    count = next(k for k in range(most) if cost[k].min() <= budget + slack)
+    near = cost[count] <= cost[count].min() + slack
+    impl = int(np.argmin(np.where(near, extra[count], np.inf)))
+    plan, end = [], groups
+    for group in range(groups - 1, 0, -1):
+        previous = int(came_from[group, count, impl])
+        if previous != impl:
+            plan.append((group, end, impl))
+            end, impl, count = group, previous, count - 1
+    plan.append((0, end, impl))
+    return plan[::-1]
