@@ -755,7 +755,8 @@ def _segments_table(fit) -> Table:
     from sdbench.thresholds import format_bytes
 
     caption = (f"the rule costs {fit.geomean_loss:+.1%} over the per-config best (geometric mean; the finest byte "
-               f"rule: {fit.best_rule_loss:+.1%}), {fit.total_loss:+.1%} in total latency")
+               f"rule: {fit.best_rule_loss:+.1%}), {fit.total_loss:+.1%} in total latency; loss beyond noise with at most 1, 2, "
+               f"... segments: {', '.join(f'{loss:+.1%}' for loss in fit.loss_by_count[:12])}")
     if fit.dropped or fit.absent:
         caption += "; " + "; ".join(
             ([f"{fit.dropped} configs lack some candidate"] if fit.dropped else [])

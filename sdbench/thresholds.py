@@ -374,7 +374,7 @@ def crossing_bytes(low_bytes: float, high_bytes: float, log_ratio_low: float, lo
     return math.exp(log_low + fraction * (log_high - log_low))
 
 
-def fewest_segments(loss: np.ndarray, tiebreak: np.ndarray, budget: float) -> list[tuple[int, int, int]]:
+def fewest_segments(loss: np.ndarray, tiebreak: np.ndarray, budget: float) -> tuple[list[tuple[int, int, int]], np.ndarray]:
     """The per-size rule with the fewest segments whose total loss stays within budget.
 
     loss, tiebreak: [groups, impls], each implementation's loss at each distinct byte value (ascending);
@@ -382,7 +382,8 @@ def fewest_segments(loss: np.ndarray, tiebreak: np.ndarray, budget: float) -> li
     (group, segments so far, implementation of the current one), all segment counts at once: for each
     count the cheapest rule (lowest loss, then lowest tiebreak, then the earliest cut); the answer is the
     fewest within budget (budget >= the per-group best, which the finest rule reaches). O(groups ·
-    segments · impls²). Returns [(first group, end group (exclusive), impl index)].
+    segments · impls²). Returns the rule, [(first group, end group (exclusive), impl index)], and the least
+    loss with at most 1, 2, ... segments up to the finest rule (what fewer segments would cost).
     """
     groups, impls = loss.shape
     winners = loss.argmin(axis=1)
@@ -419,4 +420,4 @@ def fewest_segments(loss: np.ndarray, tiebreak: np.ndarray, budget: float) -> li
             plan.append((group, end, impl))
             end, impl, count = group, previous, count - 1
     plan.append((0, end, impl))
-    return plan[::-1]
+    return plan[::-1], np.minimum.accumulate(cost.min(axis=1))

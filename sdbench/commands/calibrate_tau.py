@@ -200,6 +200,7 @@ class RaceFit:
     points: list[RacePoint]  # sorted by accepted KV bytes
     tolerance: float
     best_rule_loss: float  # geometric-mean loss of the finest byte rule (the floor any rule can reach)
+    loss_by_count: list[float] = field(default_factory=list)  # beyond noise, geometric mean: <= 1, 2, ... segments
     dropped: int = 0  # configs where some candidate has no ok row
     absent: tuple[str, ...] = ()  # default candidates these results do not hold
 
@@ -238,10 +239,19 @@ class RaceFit:
                     f"{', '.join(parts)}, {self.segments[-1].impl} above")
         worst_segment = max(self.segments, key=lambda segment: segment.worst.ratio(segment.impl))
         worst = worst_segment.worst
-        return (f"{head}; the rule costs {self.geomean_loss:+.1%} (geometric mean) and {self.total_loss:+.1%} "
-                f"(total latency) over the per-config best, worst {worst.ratio(worst_segment.impl):.2f}x "
-                f"({worst_segment.impl} at {format_bytes(worst.kv_bytes)}); {self.misclassified} of {n} configs "
-                f"misclassified ({self.within_noise} within noise)")
+        message = (f"{head}; the rule costs {self.geomean_loss:+.1%} (geometric mean) and {self.total_loss:+.1%} "
+                   f"(total latency) over the per-config best, worst {worst.ratio(worst_segment.impl):.2f}x "
+                   f"({worst_segment.impl} at {format_bytes(worst.kv_bytes)}); {self.misclassified} of {n} configs "
+                   f"misclassified ({self.within_noise} within noise)")
+        impls = [segment.impl for segment in self.segments]
+        returning = sorted({impl for impl in impls if impls.count(impl) > 1})
+        if returning:
+            # A byte rule can only zigzag when the winner follows another axis (batch size, say) whose
+            # configs interleave along accepted KV bytes.
+            message += (f". {', '.join(returning)} hold{'s' if len(returning) == 1 else ''} several segments: the "
+                        "winners interleave along accepted KV, so they depend on more than its bytes here (compare "
+                        "the configs); a larger --tolerance buys fewer segments")
+        return message
 
     def profile_fields(self) -> dict:
         """The per-size rule's keys of the profile."""
@@ -263,7 +273,7 @@ def fit_segments(points: list[RacePoint], impls: tuple[str, ...], *, tolerance: 
     np.add.at(group_loss, group, loss)
     np.add.at(group_log_ratio, group, log_ratio)
     budget = float(group_loss.min(axis=1).sum()) + len(points) * math.log1p(tolerance)
-    plan = fewest_segments(group_loss, group_log_ratio, budget)
+    plan, least_loss = fewest_segments(group_loss, group_log_ratio, budget)
     counts = np.bincount(group, minlength=len(distinct))
     cuts = [0.0]
     for (_, boundary, left), (_, _, right) in zip(plan, plan[1:], strict=False):
@@ -278,7 +288,8 @@ def fit_segments(points: list[RacePoint], impls: tuple[str, ...], *, tolerance: 
                         [point for point, at in zip(points, group, strict=True) if start <= at < end])
                 for index, (start, end, impl) in enumerate(plan)]
     best_rule_loss = math.exp(float(group_log_ratio.min(axis=1).sum()) / len(points)) - 1
-    return RaceFit(tuple(impls), segments, points, tolerance, best_rule_loss)
+    loss_by_count = [math.expm1(float(value) / len(points)) for value in least_loss]
+    return RaceFit(tuple(impls), segments, points, tolerance, best_rule_loss, loss_by_count)
 
 
 def race_points(rows: list[dict], impls: tuple[str, ...], view: str) -> tuple[list[RacePoint], int]:
