@@ -94,7 +94,8 @@ def decide(batch_size: int, gamma: int, kv_dim: int, kv_elem_size: int, expected
     takers = [name for name in alternatives if _shape_reason(name, batch_size, gamma, kv_dim, kv_dtype) is None]
     cannot = _shape_reason(impl, batch_size, gamma, kv_dim, kv_dtype)
     if cannot:
-        # None of the others takes it either: the next segment's, as before (the API then says why).
+        # The first alternative that takes the shape; when none does, the next segment's, as the τ rule
+        # always chose (the API then refuses the shape with that implementation's reason).
         replacement = takers[0] if takers else alternatives[0] if alternatives else impl
         why = f"{why}, but {impl} cannot run it ({cannot}): {replacement}"
         impl = replacement
