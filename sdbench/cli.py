@@ -653,26 +653,34 @@ def _report_compare(results: list[str], wheres, threshold: float, seed: int, out
 @command("calibrate-tau")
 def calibrate_tau_command(
     results: Annotated[list[str] | None, typer.Argument(help="verify_pack sweep results (default: run a mini-sweep on this GPU).")] = None,
-    small: Annotated[str, typer.Option(help="Implementation that wins on small work.")] = "fused_single_block",
-    large: Annotated[str, typer.Option(help="Implementation that wins on large work.")] = "ballot+pack_torch",
+    impls: Annotated[str | None, typer.Option(help="Comma-separated implementations to race per size (default: fused, fused_scan, ballot+pack_cuda, ballot+pack_scan: those the results hold).")] = None,
+    small: Annotated[str | None, typer.Option(help="Fit one τ between two instead: the implementation that wins on small work (default with --large: fused_single_block).")] = None,
+    large: Annotated[str | None, typer.Option(help="... and the one that wins on large work (default with --small: ballot+pack_torch).")] = None,
+    tolerance: Annotated[float, typer.Option(help="Per-size race: merge segments while the rule costs at most this much over the best byte rule (geometric mean over configs).")] = 0.01,
     view: Annotated[str, typer.Option(help="Timing view to fit on: wall (what a caller waits for), graph or gpu.")] = "wall",
     gpu: Annotated[str | None, typer.Option(help="The GPU to calibrate when the results hold several (its gpu_name).")] = None,
     profiles: Annotated[str | None, typer.Option(help="Folder to write <gpu-slug>.toml into (default: profiles/).")] = None,
     sweep_out: Annotated[str, typer.Option(help="Where the mini-sweep writes its results when none are given.")] = "results/calibrate-tau",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Fit and print, but write no profile.")] = False,
-    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed (τ band).")] = 0,
 ) -> None:
-    """Find τ (accepted KV bytes) where the small-work implementation stops winning; write the GPU's profile."""
+    """Which verify_pack implementation wins at each size of accepted KV: a per-size rule (or, with
+    --small/--large, one threshold τ between two), written to the GPU's profile for impl="auto"."""
     from sdbench.commands import calibrate_tau as tau
-    from sdbench.thresholds import format_bytes
 
+    pair = small is not None or large is not None
+    names = parse_name_list(impls)
+    options = dict(impls=names or None, small=small, large=large, view=view, gpu_name=gpu, profiles_dir=profiles,
+                   write=not dry_run, seed=seed, tolerance=tolerance)
     if results:
-        result = tau.calibrate(results, small=small, large=large, view=view, gpu_name=gpu, profiles_dir=profiles,
-                               write=not dry_run, seed=seed)
+        result = tau.calibrate(results, **options)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        err_console.print(f"no results given: measuring {small} and {large} on this GPU (mini-sweep into {sweep_out})")
+        from sdbench.commands import sweep
+
+        raced = [small or tau.DEFAULT_SMALL, large or tau.DEFAULT_LARGE] if pair else names or list(tau.DEFAULT_CANDIDATES)
+        err_console.print(f"no results given: measuring {', '.join(raced)} on this GPU (mini-sweep into {sweep_out})")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err_console, transient=True) as bar:
             task = bar.add_task("calibration sweep", total=None)
@@ -680,28 +688,90 @@ def calibrate_tau_command(
             def show(update) -> None:
                 bar.update(task, total=update.total, completed=update.done, description=update.current or "sweep")
 
-            from sdbench.commands import sweep
-
-            swept = sweep.run_calibration_sweep(sweep_out, small, large, progress=show)
-        result = tau.calibrate([swept], small=small, large=large, view=view, gpu_name=gpu, profiles_dir=profiles,
-                               write=not dry_run, seed=seed, swept=swept)
-    fit, profile = result.fit, result.profile
-    table = Table(title=f"{small} vs {large} on {profile.gpu_name} ({view} view, µs)")
-    for column in ("accepted KV", "config (b, γ, α, kv_dim)", small, large, "rule picks", "faster"):
-        table.add_column(column, justify="right")
-    for point in fit.points:
-        picked = small if point.kv_bytes < fit.tau_bytes else large
-        faster = small if point.small_us < point.large_us else large
-        table.add_row(format_bytes(point.kv_bytes), ", ".join(str(v) for v in point.config[1:5]),  # (b, γ, α, kv_dim) of the config key
-                      f"{point.small_us:.1f}", f"{point.large_us:.1f}", picked,
-                      faster if faster == picked else f"[red]{faster}[/]")
-    console.print(table)
+            swept = sweep.run_calibration_sweep(sweep_out, raced, progress=show,
+                                                grid=sweep.CALIBRATION_GRID if pair else sweep.RACE_GRID)
+        result = tau.calibrate([swept], **options, swept=swept)
+    if isinstance(result.fit, tau.TauFit):
+        console.print(_tau_table(result.fit, result.profile.gpu_name, view))
+    else:
+        console.print(_race_table(result.fit, result.profile.gpu_name, view))
+        console.print(_segments_table(result.fit))
     if result.swept is not None:
         console.print(f"mini-sweep results: {result.swept}")
-    console.print(fit.message(), highlight=False)
-    console.print(f"[bold]{profile.rule()}[/]", highlight=False)
+    console.print(result.fit.message(), highlight=False)
+    if result.fused is not None:
+        console.print(result.fused.message(), highlight=False)
+    console.print(f"[bold]{result.profile.rule()}[/]", highlight=False)
     if result.path is not None:
         console.print(f"wrote {result.path}")
+
+
+def _config_cell(point) -> str:
+    return ", ".join(str(value) for value in point.config[1:5])  # (b, γ, α, kv_dim) of the config key
+
+
+def _tau_table(fit, gpu_name: str, view: str) -> Table:
+    from sdbench.thresholds import format_bytes
+
+    table = Table(title=f"{fit.small} vs {fit.large} on {gpu_name} ({view} view, µs)")
+    for column in ("accepted KV", "config (b, γ, α, kv_dim)", fit.small, fit.large, "rule picks", "faster"):
+        table.add_column(column, justify="right")
+    for point in fit.points:
+        picked = fit.small if point.kv_bytes < fit.tau_bytes else fit.large
+        faster = fit.small if point.small_us < point.large_us else fit.large
+        table.add_row(format_bytes(point.kv_bytes), _config_cell(point), f"{point.small_us:.1f}", f"{point.large_us:.1f}",
+                      picked, faster if faster == picked else f"[red]{faster}[/]")
+    return table
+
+
+def _race_table(fit, gpu_name: str, view: str) -> Table:
+    """Every config: each raced median, the rule's pick (red when neither the fastest nor within noise of it),
+    and fused over the best sync-free two-step (red above 1.03)."""
+    from sdbench.commands import calibrate_tau as tau
+    from sdbench.thresholds import format_bytes
+
+    two_steps = tau.sync_free_two_steps(fit.impls) if tau.FUSED in fit.impls else []
+    table = Table(title=f"{len(fit.impls)} implementations per size on {gpu_name} ({view} view, µs)")
+    for column in ("accepted KV", "config (b, γ, α, kv_dim)", *fit.impls):
+        table.add_column(column, justify="right")
+    for column in ("rule picks", "fastest"):
+        table.add_column(column, no_wrap=True)  # names the user types next: never folded
+    if two_steps:
+        table.add_column(f"{tau.FUSED} ÷ best two-step", justify="right")
+    for point in fit.points:
+        picked = fit.rule_impl(point)
+        cells = [format_bytes(point.kv_bytes), _config_cell(point), *(f"{point.median_us[impl]:.1f}" for impl in fit.impls),
+                 picked if picked == point.fastest or point.tied(picked) else f"[red]{picked}[/]", point.fastest]
+        if two_steps:
+            best = min(two_steps, key=point.median_us.__getitem__)
+            ratio = point.median_us[tau.FUSED] / point.median_us[best]
+            cells.append(f"{ratio:.2f}" if ratio <= tau.FUSED_PARITY else f"[red]{ratio:.2f}[/]")
+        table.add_row(*cells)
+    return table
+
+
+def _segments_table(fit) -> Table:
+    """The rule, segment by segment, with what each costs against the per-config best."""
+    from sdbench.thresholds import format_bytes
+
+    caption = (f"the rule costs {fit.geomean_loss:+.1%} over the per-config best (geometric mean; the finest byte "
+               f"rule: {fit.best_rule_loss:+.1%}), {fit.total_loss:+.1%} in total latency; loss beyond noise with at most 1, 2, "
+               f"... segments: {', '.join(f'{loss:+.1%}' for loss in fit.loss_by_count[:12])}")
+    if fit.dropped or fit.absent:
+        caption += "; " + "; ".join(
+            ([f"{fit.dropped} configs lack some candidate"] if fit.dropped else [])
+            + ([f"not in these results: {', '.join(fit.absent)}"] if fit.absent else []))
+    table = Table(title=f"per-size rule ({len(fit.segments)} segments, tolerance {fit.tolerance:.1%})", caption=caption)
+    table.add_column("segment (accepted KV)", justify="right")
+    table.add_column("impl", no_wrap=True)
+    for column in ("configs", "wins", "within noise", "worst loss", "at"):
+        table.add_column(column, justify="right")
+    for segment in fit.segments:
+        worst = segment.worst
+        table.add_row(f"[{format_bytes(segment.low_bytes)}, {format_bytes(segment.high_bytes)})", segment.impl,
+                      str(len(segment.points)), str(segment.wins), str(segment.ties),
+                      f"{worst.ratio(segment.impl) - 1:+.1%}", f"{format_bytes(worst.kv_bytes)} ({_config_cell(worst)})")
+    return table
 
 
 # --- e2e ---------------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
-"""The runtime dispatcher behind `verify_pack(..., impl="auto")`: fused or two-step, by workload size.
+"""The runtime dispatcher behind `verify_pack(..., impl="auto")`: whichever implementation wins at this size.
 
-Rule (from the profile matching the current GPU, see sdbench.thresholds):
-    accepted KV bytes  B · E[k] · kv_dim · elem_size  <  τ   ->  the profile's small-work impl
-                                                      else  ->  its large-work impl
+Rule (from the profile matching the current GPU, see sdbench.thresholds): accepted KV bytes
+B · E[k] · kv_dim · elem_size fall in one of the profile's segments [low, high), each naming the
+implementation that won there (a τ profile is two segments: [0, τ) -> small_impl, [τ, ∞) -> large_impl).
 E[k] = expected_alpha · γ comes from the caller (or the previous step's mean): the decision reads
 shapes and that number only, never a tensor's contents, so it adds no host sync. Decisions are cached
 per (device, shape, α), so the hot path is one dict lookup.
+
+When the segment's implementation cannot take the shape (fused_single_block needs B <= 32) or cannot run
+on the device, the next one that can is used: the rule's other implementations, nearest segment first
+(larger sizes before smaller), then `fused` (one launch, any B), then the eager reference.
 
 With no profile for this GPU it falls back, warning once per GPU name, to DEFAULT_PROFILE: always `fused`,
 the one-launch verify-and-pack that takes any B and never syncs. (The published study's L40S pair —
@@ -25,9 +29,9 @@ from sdbench import thresholds
 from sdbench.errors import SdbenchError
 from sdbench.thresholds import Profile, format_bytes
 
+ANY_SHAPE_IMPL = "fused"  # one launch, any B, no host sync: the last resort before the eager reference
 DEFAULT_PROFILE = Profile(
-    gpu_name="any GPU without a profile", gpu_cc="", tau_bytes=math.inf,
-    small_impl="fused", large_impl="fused",
+    gpu_name="any GPU without a profile", gpu_cc="", segment_upper_bytes=[math.inf], segment_impls=[ANY_SHAPE_IMPL],
     note="the default when no profile matches: always fused (one launch, any B, no host sync)",
 )
 DEFAULT_SOURCE = "built-in default (always fused: one launch, any B, no host sync)"
@@ -41,6 +45,7 @@ class Decision:
     kv_bytes: float  # estimated accepted KV bytes
     profile: Profile
     profile_source: str  # the profile's file, or DEFAULT_SOURCE
+    fallbacks: tuple[str, ...] = ()  # the next ones that take the shape, should impl be unavailable on the device
 
 
 def estimate_accepted_kv_bytes(batch_size: int, gamma: int, kv_dim: int, kv_elem_size: int,
@@ -62,22 +67,39 @@ def _shape_reason(impl_name: str, batch_size: int, gamma: int, kv_dim: int, kv_d
     return None
 
 
+def fallback_order(profile: Profile, index: int) -> list[str]:
+    """The implementations to try when segment index's cannot take a shape: the rule's others, nearest
+    segment first (the larger-size neighbour before the smaller), then a τ profile's large side, then fused."""
+    impls = [impl for _, _, impl in profile.segments()]
+    order = []
+    for distance in range(1, len(impls)):
+        order += [impls[i] for i in (index + distance, index - distance) if 0 <= i < len(impls)]
+    if not profile.per_size:
+        order.append(profile.large_impl)
+    order.append(ANY_SHAPE_IMPL)
+    picked = impls[index]
+    return [name for position, name in enumerate(order) if name != picked and name not in order[:position]]
+
+
 def decide(batch_size: int, gamma: int, kv_dim: int, kv_elem_size: int, expected_alpha: float,
            profile: Profile, profile_source: str = "", kv_dtype: str = "float16") -> Decision:
     """The profile's rule for this shape (device-independent; see `choose` for availability)."""
     kv_bytes = estimate_accepted_kv_bytes(batch_size, gamma, kv_dim, kv_elem_size, expected_alpha)
-    tau = profile.tau_bytes
-    if math.isinf(tau):
-        impl, why = profile.small_impl, f"τ = ∞ on {profile.gpu_name}: {profile.small_impl} wins at every size"
-    elif kv_bytes < tau:
-        impl, why = profile.small_impl, f"{format_bytes(kv_bytes)} of accepted KV < τ = {format_bytes(tau)}"
-    else:
-        impl, why = profile.large_impl, f"{format_bytes(kv_bytes)} of accepted KV ≥ τ = {format_bytes(tau)}"
-    if impl == profile.small_impl:
-        cannot = _shape_reason(impl, batch_size, gamma, kv_dim, kv_dtype)
-        if cannot:
-            impl, why = profile.large_impl, f"{why}, but {profile.small_impl} cannot run it ({cannot})"
-    return Decision(impl, why, kv_bytes, profile, profile_source)
+    index = profile.segment_index(kv_bytes)
+    low, high, impl = profile.segments()[index]
+    why = f"{format_bytes(kv_bytes)} of accepted KV in [{format_bytes(low)}, {format_bytes(high)}) -> {impl}"
+    if not profile.per_size:
+        why += f" (τ = {format_bytes(profile.tau_bytes)} on {profile.gpu_name})"
+    alternatives = fallback_order(profile, index)
+    takers = [name for name in alternatives if _shape_reason(name, batch_size, gamma, kv_dim, kv_dtype) is None]
+    cannot = _shape_reason(impl, batch_size, gamma, kv_dim, kv_dtype)
+    if cannot:
+        # The first alternative that takes the shape; when none does, the next segment's, as the τ rule
+        # always chose (the API then refuses the shape with that implementation's reason).
+        replacement = takers[0] if takers else alternatives[0] if alternatives else impl
+        why = f"{why}, but {impl} cannot run it ({cannot}): {replacement}"
+        impl = replacement
+    return Decision(impl, why, kv_bytes, profile, profile_source, tuple(name for name in takers if name != impl))
 
 
 # --- the profile of the current GPU ---------------------------------------------------------------
@@ -140,7 +162,7 @@ def _cached_choice(device: str, batch_size: int, gamma: int, kv_dim: int, kv_ele
     gpu_name, gpu_cc = _device_identity(index if index is not None else torch.cuda.current_device())
     profile, source = profile_for_gpu(gpu_name, gpu_cc)
     decision = decide(batch_size, gamma, kv_dim, kv_elem_size, expected_alpha, profile, source, kv_dtype)
-    chain = [decision.impl] + [name for name in (profile.large_impl, CPU_IMPL) if name != decision.impl]
+    chain = [decision.impl, *decision.fallbacks, CPU_IMPL]
     why = decision.reason
     for name in chain:
         missing = _availability(name, device)

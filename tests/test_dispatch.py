@@ -137,3 +137,93 @@ def test_list_dispatch_with_a_profile(isolated_profiles):
 def test_list_dispatch_needs_the_workload():
     result = runner.invoke(app, ["list", "--dispatch", "--b", "32"])
     assert result.exit_code == 2 and "--dispatch needs" in result.output
+
+
+# --- per-size rules (segments) ----------------------------------------------------------------------
+ROOT_PROFILES = __import__("pathlib").Path(__file__).resolve().parents[1] / "profiles"
+# accepted KV = B · α · γ · kv_dim · 2; with α = 1, γ = 1, kv_dim = 50: 100 B per sequence.
+THREE = Profile(gpu_name=H100, gpu_cc="9.0", segment_upper_bytes=[1e5, 1e7, math.inf],
+                segment_impls=["fused", "ballot+pack_cuda", "fused_scan"])
+
+
+@pytest.mark.parametrize("batch, expected, segment", [
+    (1, "fused", "[0 B, 100 KB)"),  # 100 B
+    (999, "fused", "[0 B, 100 KB)"),  # 99.9 KB
+    (1000, "ballot+pack_cuda", "[100 KB, 10 MB)"),  # exactly the bound: the upper bound is exclusive
+    (99_999, "ballot+pack_cuda", "[100 KB, 10 MB)"),
+    (100_000, "fused_scan", "[10 MB, ∞)"),
+    (10_000_000, "fused_scan", "[10 MB, ∞)"),
+])
+def test_picks_the_segment_that_holds_the_bytes(batch, expected, segment):
+    decision = dispatch.decide(batch, 1, 50, 2, 1.0, THREE)
+    assert decision.kv_bytes == batch * 100
+    assert decision.impl == expected
+    assert f"accepted KV in {segment} -> {expected}" in decision.reason
+
+
+def test_a_single_segment_is_one_implementation_everywhere():
+    only = Profile(gpu_name=H100, segment_upper_bytes=[math.inf], segment_impls=["ballot+pack_scan"])
+    assert {dispatch.decide(batch, 128, 4096, 2, 1.0, only).impl for batch in (1, 64, 65536)} == {"ballot+pack_scan"}
+
+
+def _cannot(*names):
+    return lambda name, *_: f"{name} says no" if name in names else None
+
+
+def test_a_segment_that_cannot_take_the_shape_yields_to_the_next_segment(monkeypatch):
+    monkeypatch.setattr(dispatch, "_shape_reason", _cannot("ballot+pack_cuda"))
+    decision = dispatch.decide(1000, 1, 50, 2, 1.0, THREE)
+    assert decision.impl == "fused_scan"  # the larger-size neighbour comes first
+    assert "but ballot+pack_cuda cannot run it (ballot+pack_cuda says no)" in decision.reason
+
+
+def test_then_to_the_previous_segment_then_fused(monkeypatch):
+    monkeypatch.setattr(dispatch, "_shape_reason", _cannot("ballot+pack_cuda", "fused_scan"))
+    assert dispatch.decide(1000, 1, 50, 2, 1.0, THREE).impl == "fused"
+    other = Profile(gpu_name=H100, segment_upper_bytes=[1e5, math.inf], segment_impls=["ballot+pack_scan", "fused_scan"])
+    monkeypatch.setattr(dispatch, "_shape_reason", _cannot("ballot+pack_scan", "fused_scan"))
+    assert dispatch.decide(1, 1, 50, 2, 1.0, other).impl == "fused"  # in no segment, but takes any B
+
+
+def test_when_nothing_takes_the_shape_the_next_segment_is_named_as_before(monkeypatch):
+    """Like the τ rule always did: the API then refuses the shape with that implementation's reason."""
+    monkeypatch.setattr(dispatch, "_shape_reason", lambda *_: "needs draft KV")
+    assert dispatch.decide(1, 1, 50, 2, 1.0, THREE).impl == "ballot+pack_cuda"
+    assert dispatch.decide(1, 1, 50, 2, 1.0, PROFILE).impl == "ballot+pack_torch"
+
+
+def test_an_unavailable_segment_impl_falls_back_on_the_device(monkeypatch):
+    import functools
+
+    monkeypatch.setattr(dispatch, "_device_identity", functools.cache(lambda index: (H100, "9.0")))
+    monkeypatch.setattr(dispatch, "_availability",
+                        functools.cache(lambda name, device: "not built" if name == "fused_scan" else None))
+    monkeypatch.setattr(dispatch, "profile_for_gpu", functools.cache(lambda name, cc="": (THREE, "three.toml")))
+    decision = dispatch.choose("cuda:0", 100_000, 1, 50, 2, 1.0)
+    assert decision.impl == "ballot+pack_cuda" and "fused_scan unavailable here (not built)" in decision.reason
+
+
+@pytest.mark.parametrize("path", sorted(ROOT_PROFILES.glob("*.toml")), ids=lambda path: path.name)
+def test_committed_tau_profiles_decide_as_the_tau_rule(path):
+    """The committed profiles keep their file and their rule: bytes < tau_bytes -> small_impl, else large_impl,
+    read here from the raw TOML, not through Profile."""
+    tomllib = pytest.importorskip("tomllib")
+    raw = tomllib.loads(path.read_text())
+    profile = thresholds.read_profile(path)
+    assert thresholds.dumps(profile) == path.read_text()  # the new writer writes them unchanged
+    for batch in (1, 4, 32, 256, 4096, 65536):
+        for gamma, kv_dim, alpha in ((4, 64, 0.3), (8, 128, 0.9), (128, 1024, 0.6), (32, 4096, 0.9)):
+            kv_bytes = batch * alpha * gamma * kv_dim * 2
+            expected = raw["small_impl"] if kv_bytes < raw["tau_bytes"] else raw["large_impl"]
+            assert dispatch.decide(batch, gamma, kv_dim, 2, alpha, profile).impl == expected, (path.name, batch, gamma)
+
+
+def test_tau_profile_segments_are_the_tau_rule():
+    assert PROFILE.segments() == ((0.0, 4e6, "fused_single_block"), (4e6, math.inf, "ballot+pack_torch"))
+    assert Profile(gpu_name=H100, tau_bytes=0.0, large_impl="x").segments() == ((0.0, math.inf, "x"),)
+
+
+def test_fallback_order_is_nearest_segment_first():
+    four = Profile(gpu_name=H100, segment_upper_bytes=[1.0, 2.0, 3.0, math.inf], segment_impls=["a", "b", "c", "d"])
+    assert dispatch.fallback_order(four, 1) == ["c", "a", "d", "fused"]
+    assert dispatch.fallback_order(PROFILE, 0) == ["ballot+pack_torch", "fused"]

@@ -1,8 +1,20 @@
-"""calibrate-tau: the accepted-KV-bytes threshold τ between a small-work and a large-work implementation.
+"""calibrate-tau: which verify_pack implementation wins at each size of accepted KV, as a dispatcher rule.
 
-The published study's fused single-block kernel wins while the KV to copy is small (one launch, no
-second kernel) and loses once one SM has to move megabytes; the two-step ballot + `draft_kv[mask]`
-pays more launches but copies with the whole GPU. Dispatcher rule: bytes < τ -> small, else large.
+Per-size race (the default; `fit_segments`): over the candidates (`fused`, `fused_scan` and the sync-free
+two-step pipelines `ballot+pack_cuda`, `ballot+pack_scan`: those the results hold), on every config where
+all were measured, sorted by accepted KV bytes, each config's winner is the lowest median. The rule is the
+fewest segments [low, high) -> impl whose loss stays within `tolerance` of the best any byte rule can do.
+A config's loss is log(t_impl / t_fastest), 0 where the two medians are within noise (log ratio within
+1.96 combined standard errors: from each config's samples, else the `noise` column), so noise never buys
+a segment and one winner everywhere is one segment. The loss is a geometric mean over configs, not total
+latency: the grid spans µs to ms, and a sum would let the largest configs alone decide the rule (both are
+reported). Cuts sit where log(t_left / t_right) crosses zero, as for τ below. The race also reports `fused`
+against the best sync-free two-step at every config: is one launch ever worse than two?
+
+Two-implementation τ (`--small/--large`, `fit_tau`): the published study's fused single-block kernel wins
+while the KV to copy is small (one launch, no second kernel) and loses once one SM has to move megabytes;
+the two-step ballot + `draft_kv[mask]` pays more launches but copies with the whole GPU. Dispatcher rule:
+bytes < τ -> small, else large.
 
 Fit (`fit_tau`): over every config where both implementations were measured, choose the step rule
 (one cut between two neighbouring measured byte values) with the lowest total median latency
@@ -22,10 +34,15 @@ import numpy as np
 
 from sdbench.errors import SdbenchError
 from sdbench.measure import results
-from sdbench.thresholds import Profile, best_threshold, format_bytes
+from sdbench.thresholds import Profile, best_threshold, crossing_bytes, fewest_segments, format_bytes
 
 DEFAULT_SMALL = "fused_single_block"
 DEFAULT_LARGE = "ballot+pack_torch"
+DEFAULT_CANDIDATES = ("fused", "fused_scan", "ballot+pack_cuda", "ballot+pack_scan")
+MERGE_TOLERANCE = 0.01  # a rule may cost 1% (geometric mean over configs) above the best byte rule
+TIE_Z = 1.96  # medians whose log ratio is within this many combined standard errors are a tie
+FUSED = "fused"
+FUSED_PARITY = 1.03  # "fused is as fast as two steps": within 3% of the best sync-free two-step
 
 
 @dataclass
@@ -56,6 +73,16 @@ class TauFit:
     @property
     def crossover(self) -> bool:
         return 0 < self.tau_bytes < math.inf
+
+    @property
+    def impls(self) -> tuple[str, ...]:
+        return (self.small, self.large)
+
+    def profile_fields(self) -> dict:
+        """The τ rule's keys of the profile."""
+        return dict(tau_bytes=self.tau_bytes, tau_low_bytes=self.low_bytes, tau_high_bytes=self.high_bytes,
+                    small_impl=self.small, large_impl=self.large, configs=len(self.points),
+                    misclassified=self.misclassified, note=self.message())
 
     @property
     def min_bytes(self) -> float:
@@ -119,6 +146,233 @@ def fit_tau(points: list[PairPoint], small: str = DEFAULT_SMALL, large: str = DE
     )
 
 
+# --- the per-size race --------------------------------------------------------------------------------
+@dataclass
+class RacePoint:
+    """One config measured with every raced implementation."""
+
+    config: tuple
+    kv_bytes: float
+    median_us: dict[str, float]
+    noise: dict[str, float]  # relative standard error of each median (0 where unknown)
+
+    @property
+    def fastest(self) -> str:
+        return min(self.median_us, key=self.median_us.__getitem__)
+
+    def ratio(self, impl: str) -> float:
+        """impl's median over the fastest's (1 for the fastest)."""
+        return self.median_us[impl] / self.median_us[self.fastest]
+
+    def tied(self, impl: str) -> bool:
+        """impl's median is within noise of the fastest's."""
+        spread = math.hypot(self.noise[impl], self.noise[self.fastest])
+        return math.log(self.ratio(impl)) <= TIE_Z * spread
+
+
+@dataclass
+class Segment:
+    impl: str
+    low_bytes: float  # the rule's bounds: accepted KV in [low_bytes, high_bytes) -> impl
+    high_bytes: float
+    points: list[RacePoint]  # the measured configs inside
+
+    @property
+    def wins(self) -> int:
+        """Configs where impl is the fastest by median."""
+        return sum(point.fastest == self.impl for point in self.points)
+
+    @property
+    def ties(self) -> int:
+        """Configs where impl is not the fastest but within noise of it."""
+        return sum(point.fastest != self.impl and point.tied(self.impl) for point in self.points)
+
+    @property
+    def worst(self) -> RacePoint:
+        """The config where impl loses most against the per-config best."""
+        return max(self.points, key=lambda point: point.ratio(self.impl))
+
+
+@dataclass
+class RaceFit:
+    impls: tuple[str, ...]
+    segments: list[Segment]
+    points: list[RacePoint]  # sorted by accepted KV bytes
+    tolerance: float
+    best_rule_loss: float  # geometric-mean loss of the finest byte rule (the floor any rule can reach)
+    loss_by_count: list[float] = field(default_factory=list)  # beyond noise, geometric mean: <= 1, 2, ... segments
+    dropped: int = 0  # configs where some candidate has no ok row
+    absent: tuple[str, ...] = ()  # default candidates these results do not hold
+
+    def rule_impl(self, point: RacePoint) -> str:
+        return next(segment.impl for segment in self.segments if point.kv_bytes < segment.high_bytes)
+
+    @property
+    def misclassified(self) -> int:
+        return sum(self.rule_impl(point) != point.fastest for point in self.points)
+
+    @property
+    def within_noise(self) -> int:
+        """Of the misclassified, those where the rule's pick is within noise of the fastest."""
+        return sum(self.rule_impl(point) != point.fastest and point.tied(self.rule_impl(point)) for point in self.points)
+
+    @property
+    def geomean_loss(self) -> float:
+        """The rule's cost: geometric mean over configs of t_rule / t_fastest, minus 1."""
+        return math.exp(float(np.mean([math.log(point.ratio(self.rule_impl(point))) for point in self.points]))) - 1
+
+    @property
+    def total_loss(self) -> float:
+        """The rule's cost in total latency over the measured configs (dominated by the largest), minus 1."""
+        chosen = sum(point.median_us[self.rule_impl(point)] for point in self.points)
+        return chosen / sum(point.median_us[point.fastest] for point in self.points) - 1
+
+    def message(self) -> str:
+        n = len(self.points)
+        measured = f"{format_bytes(self.points[0].kv_bytes)} to {format_bytes(self.points[-1].kv_bytes)}"
+        if len(self.segments) == 1:
+            head = (f"no crossover in measured range: {self.segments[0].impl} is the better choice at every "
+                    f"measured size ({measured}, {n} configs, {len(self.impls)} raced)")
+        else:
+            parts = [f"{segment.impl} below {format_bytes(segment.high_bytes)}" for segment in self.segments[:-1]]
+            head = (f"{len(self.segments)} segments over {measured} ({n} configs, {len(self.impls)} raced): "
+                    f"{', '.join(parts)}, {self.segments[-1].impl} above")
+        worst_segment = max(self.segments, key=lambda segment: segment.worst.ratio(segment.impl))
+        worst = worst_segment.worst
+        message = (f"{head}; the rule costs {self.geomean_loss:+.1%} (geometric mean) and {self.total_loss:+.1%} "
+                   f"(total latency) over the per-config best, worst {worst.ratio(worst_segment.impl):.2f}x "
+                   f"({worst_segment.impl} at {format_bytes(worst.kv_bytes)}); {self.misclassified} of {n} configs "
+                   f"misclassified ({self.within_noise} within noise)")
+        impls = [segment.impl for segment in self.segments]
+        returning = sorted({impl for impl in impls if impls.count(impl) > 1})
+        if returning:
+            # A byte rule can only zigzag when the winner follows another axis (batch size, say) whose
+            # configs interleave along accepted KV bytes.
+            message += (f". {', '.join(returning)} hold{'s' if len(returning) == 1 else ''} several segments: the "
+                        "winners interleave along accepted KV, so they depend on more than its bytes here (compare "
+                        "the configs); a larger --tolerance buys fewer segments")
+        return message
+
+    def profile_fields(self) -> dict:
+        """The per-size rule's keys of the profile."""
+        return dict(segment_upper_bytes=[segment.high_bytes for segment in self.segments],
+                    segment_impls=[segment.impl for segment in self.segments], candidates=list(self.impls),
+                    configs=len(self.points), misclassified=self.misclassified, note=self.message())
+
+
+def fit_segments(points: list[RacePoint], impls: tuple[str, ...], *, tolerance: float = MERGE_TOLERANCE) -> RaceFit:
+    """The fewest-segment per-size rule within tolerance of the best byte rule (module docstring)."""
+    if not points:
+        raise SdbenchError(f"no config has all of {', '.join(impls)} measured: nothing to calibrate")
+    points = sorted(points, key=lambda point: point.kv_bytes)
+    kv_bytes = np.array([point.kv_bytes for point in points])
+    distinct, group = np.unique(kv_bytes, return_inverse=True)
+    log_ratio = np.array([[math.log(point.ratio(impl)) for impl in impls] for point in points])
+    loss = np.where([[point.tied(impl) for impl in impls] for point in points], 0.0, log_ratio)
+    group_loss, group_log_ratio = np.zeros((len(distinct), len(impls))), np.zeros((len(distinct), len(impls)))
+    np.add.at(group_loss, group, loss)
+    np.add.at(group_log_ratio, group, log_ratio)
+    budget = float(group_loss.min(axis=1).sum()) + len(points) * math.log1p(tolerance)
+    plan, least_loss = fewest_segments(group_loss, group_log_ratio, budget)
+    counts = np.bincount(group, minlength=len(distinct))
+    cuts = [0.0]
+    for (_, boundary, left), (_, _, right) in zip(plan, plan[1:], strict=False):
+        # mean log(t_left / t_right) on both sides of the boundary: the cut is where it crosses zero
+        below, above = boundary - 1, boundary
+        d_below = (group_log_ratio[below, left] - group_log_ratio[below, right]) / counts[below]
+        d_above = (group_log_ratio[above, left] - group_log_ratio[above, right]) / counts[above]
+        cut = crossing_bytes(distinct[below], distinct[above], d_below, d_above)
+        cuts.append(min(max(cut, math.nextafter(float(distinct[below]), math.inf)), float(distinct[above])))
+    cuts.append(math.inf)
+    segments = [Segment(impls[impl], cuts[index], cuts[index + 1],
+                        [point for point, at in zip(points, group, strict=True) if start <= at < end])
+                for index, (start, end, impl) in enumerate(plan)]
+    best_rule_loss = math.exp(float(group_log_ratio.min(axis=1).sum()) / len(points)) - 1
+    loss_by_count = [math.expm1(float(value) / len(points)) for value in least_loss]
+    return RaceFit(tuple(impls), segments, points, tolerance, best_rule_loss, loss_by_count)
+
+
+def race_points(rows: list[dict], impls: tuple[str, ...], view: str) -> tuple[list[RacePoint], int]:
+    """(configs of op verify_pack where every impl has an ok row in view, configs where some did not).
+    Repeated runs of one config pool their samples."""
+    from sdbench.measure.timing import median_noise
+
+    by_config: dict[tuple, dict[str, list]] = {}
+    kv_bytes: dict[tuple, float] = {}
+    for row in rows:
+        if row["op"] != "verify_pack" or row["view"] != view or row["status"] != "ok" or row["impl"] not in impls:
+            continue
+        if row.get("median_us") is None:
+            continue
+        config = results.config_key(row, machine=False)
+        by_config.setdefault(config, {impl: [] for impl in impls})[row["impl"]].append(row)
+        kv_bytes[config] = float(row["accepted_kv_bytes"])
+    points, dropped = [], 0
+    for config, entry in sorted(by_config.items(), key=lambda item: kv_bytes[item[0]]):
+        if not all(entry.values()):
+            dropped += 1
+            continue
+        medians, noise = {}, {}
+        for impl in impls:
+            samples, medians[impl] = _pooled(entry[impl])
+            from_rows = [row["noise"] for row in entry[impl] if row.get("noise") is not None]
+            noise[impl] = median_noise(samples)
+            if noise[impl] is None:  # fewer than 8 samples: the rows' own noise, else none known
+                noise[impl] = float(np.median(from_rows)) if from_rows else 0.0
+        points.append(RacePoint(config, kv_bytes[config], medians, noise))
+    return points, dropped
+
+
+# --- fused against the best sync-free two-step -------------------------------------------------------
+def sync_free_two_steps(impls) -> list[str]:
+    """The two-step pipelines (a `+` in the registry name) among impls that never sync the host."""
+    from sdbench import registry
+
+    two_steps = []
+    for name in impls:
+        try:
+            entry = registry.get("verify_pack", name)
+        except ValueError:
+            continue
+        if "+" in name and not entry.sync:
+            two_steps.append(name)
+    return two_steps
+
+
+@dataclass
+class FusedVsTwoStep:
+    """`fused` against the best sync-free two-step at every config: (point, best two-step, fused / it)."""
+
+    rows: list[tuple[RacePoint, str, float]]
+    parity: float = FUSED_PARITY
+
+    @property
+    def within(self) -> int:
+        return sum(ratio <= self.parity for _, _, ratio in self.rows)
+
+    @property
+    def worst(self) -> tuple[RacePoint, str, float]:
+        return max(self.rows, key=lambda row: row[2])
+
+    def message(self) -> str:
+        point, two_step, ratio = self.worst
+        return (f"{FUSED} ≤ {self.parity:g} × the best sync-free two-step at {self.within} of {len(self.rows)} "
+                f"configs; worst {ratio:.2f}x against {two_step} at {format_bytes(point.kv_bytes)} "
+                f"(b, γ, α, kv_dim = {', '.join(str(value) for value in point.config[1:5])})")
+
+
+def fused_vs_two_step(points: list[RacePoint], impls) -> FusedVsTwoStep | None:
+    """None unless fused and at least one sync-free two-step were raced."""
+    two_steps = sync_free_two_steps(impls)
+    if FUSED not in impls or not two_steps or not points:
+        return None
+    rows = []
+    for point in points:
+        best = min(two_steps, key=point.median_us.__getitem__)
+        rows.append((point, best, point.median_us[FUSED] / point.median_us[best]))
+    return FusedVsTwoStep(rows)
+
+
 # --- from results -------------------------------------------------------------------------------
 def pair_points(rows: list[dict], small: str, large: str, view: str) -> list[PairPoint]:
     """Configs of op verify_pack where both implementations have an ok row in view.
@@ -153,11 +407,11 @@ def _pooled(rows: list[dict]) -> tuple[np.ndarray, float]:
     return samples, float(np.median([row["median_us"] for row in rows]))
 
 
-def make_profile(fit: TauFit, rows: list[dict], *, view: str, copy_bandwidth_gbps: float | None = None,
+def make_profile(fit: TauFit | RaceFit, rows: list[dict], *, view: str, copy_bandwidth_gbps: float | None = None,
                  copy_bandwidth_source: str = "", sdbench_version: str = "") -> Profile:
-    """The profile for the GPU the rows were measured on."""
+    """The profile for the GPU the rows were measured on (a τ rule or a per-size rule, from the fit)."""
     used = [row for row in rows if row["op"] == "verify_pack" and row["view"] == view and row["status"] == "ok"
-            and row["impl"] in (fit.small, fit.large)]
+            and row["impl"] in fit.impls]
     first = used[0] if used else rows[0]
     floors = [row["launch_floor_us"] for row in used if row.get("launch_floor_us") is not None]
     if copy_bandwidth_gbps is None:
@@ -166,16 +420,13 @@ def make_profile(fit: TauFit, rows: list[dict], *, view: str, copy_bandwidth_gbp
         copy_bandwidth_source = "max achieved in the results (no copy measured)" if achieved else "unknown"
     return Profile(
         gpu_name=first.get("gpu_name") or "unknown GPU", gpu_cc=first.get("gpu_cc") or "",
-        gpu_sms=int(first.get("gpu_sms") or 0), driver=first.get("driver") or "",
-        tau_bytes=fit.tau_bytes, tau_low_bytes=fit.low_bytes, tau_high_bytes=fit.high_bytes,
-        small_impl=fit.small, large_impl=fit.large, view=view,
+        gpu_sms=int(first.get("gpu_sms") or 0), driver=first.get("driver") or "", view=view,
         launch_floor_us=float(np.median(floors)) if floors else 0.0,
         copy_bandwidth_gbps=float(copy_bandwidth_gbps), copy_bandwidth_source=copy_bandwidth_source,
-        configs=len(fit.points), misclassified=fit.misclassified,
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         sdbench_version=sdbench_version,
         source_run_ids=sorted({str(row["run_id"]) for row in used if row.get("run_id")}),
-        note=fit.message(),
+        **fit.profile_fields(),
     )
 
 
@@ -199,16 +450,13 @@ def measure_copy_bandwidth_gbps(device="cuda", n_bytes: int = 256 * 2**20, iters
 
 
 # --- the command ----------------------------------------------------------------------------------
-# The mini-sweep calibrate-tau runs when given no results: both sides of the published crossover
-# (~15 MB at b=32, γ=128, α=0.9, kv_dim=2048) down to a few KB, within the single-block kernel's B ≤ 32.
-
-
 @dataclass
 class Calibration:
-    fit: TauFit
+    fit: TauFit | RaceFit  # RaceFit: the per-size race; TauFit: --small/--large
     profile: Profile
     path: object  # Path of the written profile, None with write=False
     swept: object  # Path the mini-sweep wrote, None when results were given
+    fused: FusedVsTwoStep | None = None  # the race's fused against the best sync-free two-step
 
 
 def _rows_for_gpu(rows: list[dict], gpu_name: str | None) -> list[dict]:
@@ -225,28 +473,32 @@ def _rows_for_gpu(rows: list[dict], gpu_name: str | None) -> list[dict]:
     return [row for row in rows if row.get("gpu_name") == gpus[0]]
 
 
-def calibrate(paths, *, small: str = DEFAULT_SMALL, large: str = DEFAULT_LARGE, view: str = "wall",
+def calibrate(paths, *, impls=None, small: str | None = None, large: str | None = None, view: str = "wall",
               gpu_name: str | None = None, profiles_dir=None, write: bool = True, seed: int = 0, n_boot: int = 200,
-              swept=None) -> Calibration:
-    """Fit τ from verify_pack results and write the GPU's profile (swept: the folder a mini-sweep wrote,
-    when the caller ran one, recorded in the result). It reads results; it never measures."""
+              tolerance: float = MERGE_TOLERANCE, swept=None) -> Calibration:
+    """Fit the dispatcher rule from verify_pack results and write the GPU's profile: the per-size race over
+    impls (default DEFAULT_CANDIDATES), or τ between small and large when either is given (the other then
+    defaults to the study's). swept: the folder a mini-sweep wrote, when the caller ran one, recorded in the
+    result. It reads results; it never measures."""
     import sdbench
     from sdbench import thresholds
 
     if view not in ("wall", "graph", "gpu", "cpu"):
         raise SdbenchError(f"--view must be wall, graph, gpu or cpu, got {view!r}")
+    pair = small is not None or large is not None
+    if pair and impls:
+        raise SdbenchError("give either --impls (the per-size race) or --small/--large (one τ between two), not both")
+    if not 0 <= tolerance < 1:
+        raise SdbenchError(f"--tolerance must be in [0, 1) (e.g. 0.01: the rule may cost 1% over the best), got {tolerance}")
     if not paths:
         raise SdbenchError("no results given: pass verify_pack sweep results (or let the CLI run the mini-sweep)")
     rows = _rows_for_gpu(results.read_checked_rows(paths), gpu_name)
-    points = pair_points(rows, small, large, view)
-    if not points:
-        present = sorted({row["impl"] for row in rows if row["op"] == "verify_pack" and row["status"] == "ok"})
-        views = sorted({row["view"] for row in rows})
-        raise SdbenchError(
-            f"no config has both {small} and {large} timed in the {view} view; these results hold verify_pack "
-            f"implementations {', '.join(present) or 'none'} and views {', '.join(views)} "
-            "(name the pair with --small/--large, or omit RESULTS to run the mini-sweep on this GPU)")
-    fit = fit_tau(points, small, large, n_boot=n_boot, seed=seed)
+    fused = None
+    if pair:
+        fit = _fit_pair(rows, small or DEFAULT_SMALL, large or DEFAULT_LARGE, view, n_boot, seed)
+    else:
+        fit = _fit_race(rows, impls, view, tolerance)
+        fused = fused_vs_two_step(fit.points, fit.impls)
     bandwidth, source = None, ""
     try:
         import torch
@@ -262,4 +514,48 @@ def calibrate(paths, *, small: str = DEFAULT_SMALL, large: str = DEFAULT_LARGE, 
         from sdbench import dispatch
 
         dispatch.reset()  # the next auto decision reads the new profile
-    return Calibration(fit, profile, path, swept)
+    return Calibration(fit, profile, path, swept, fused)
+
+
+def _present(rows: list[dict], view: str) -> tuple[list[str], list[str]]:
+    """(verify_pack implementations with an ok row in view, every view in the rows), for error messages."""
+    present = sorted({row["impl"] for row in rows if row["op"] == "verify_pack" and row["status"] == "ok"
+                      and row["view"] == view and row["impl"] != "launch_floor"})
+    return present, sorted({row["view"] for row in rows})
+
+
+def _fit_pair(rows: list[dict], small: str, large: str, view: str, n_boot: int, seed: int) -> TauFit:
+    points = pair_points(rows, small, large, view)
+    if not points:
+        present, views = _present(rows, view)
+        raise SdbenchError(
+            f"no config has both {small} and {large} timed in the {view} view; these results hold verify_pack "
+            f"implementations {', '.join(present) or 'none'} and views {', '.join(views)} "
+            "(name the pair with --small/--large, or omit RESULTS to run the mini-sweep on this GPU)")
+    return fit_tau(points, small, large, n_boot=n_boot, seed=seed)
+
+
+def _fit_race(rows: list[dict], impls, view: str, tolerance: float) -> RaceFit:
+    present, views = _present(rows, view)
+    held = (f"these results hold verify_pack implementations {', '.join(present) or 'none'} in the {view} view "
+            f"(views: {', '.join(views)})")
+    if impls:
+        impls = tuple(dict.fromkeys(impls))
+        missing = [impl for impl in impls if impl not in present]
+        if missing:
+            raise SdbenchError(f"--impls {', '.join(missing)} not measured: {held}")
+        absent = ()
+    else:  # the default race: whichever of the candidates these results hold
+        impls = tuple(impl for impl in DEFAULT_CANDIDATES if impl in present)
+        absent = tuple(impl for impl in DEFAULT_CANDIDATES if impl not in present)
+    if len(impls) < 2:
+        raise SdbenchError(f"the per-size race needs two or more of {', '.join(impls or DEFAULT_CANDIDATES)} measured: "
+                           f"{held} (name others with --impls, a pair with --small/--large, or omit RESULTS to run the "
+                           "mini-sweep on this GPU)")
+    points, dropped = race_points(rows, impls, view)
+    if not points:
+        raise SdbenchError(f"no config has all of {', '.join(impls)} timed in the {view} view ({dropped} configs have "
+                           "some of them): race fewer with --impls")
+    fit = fit_segments(points, impls, tolerance=tolerance)
+    fit.dropped, fit.absent = dropped, absent
+    return fit

@@ -707,19 +707,24 @@ def _floor_rows(base, floor: LaunchFloor, views, floor_timings, max_noise: float
 
 
 # --- calibrate-tau's mini-sweep (the CLI chains it before the fit) ------------------------------------
+# The study's pair: both sides of the published crossover (~15 MB at b=32, γ=128, α=0.9, kv_dim=2048) down
+# to a few KB, within the single-block kernel's B <= 32. The per-size race's candidates take any B: the same
+# grid plus larger batches, up to ~240 MB of accepted KV (b=512: 268 MB of draft KV).
 CALIBRATION_GRID = {"batch_sizes": (1, 4, 16, 32), "gammas": (8, 32, 128), "alphas": (0.3, 0.6, 0.9),
                     "kv_dims": (128, 512, 2048)}
+RACE_GRID = {**CALIBRATION_GRID, "batch_sizes": (1, 4, 16, 32, 128, 512)}
 
 
-def run_calibration_sweep(out_dir, small: str, large: str, device: str = "cuda", progress=None) -> Path:
-    """calibrate-tau's mini-sweep: the pair over CALIBRATION_GRID into out_dir/<run id>; returns that folder."""
+def run_calibration_sweep(out_dir, impls, device: str = "cuda", progress=None, grid=None) -> Path:
+    """calibrate-tau's mini-sweep: impls over grid (default CALIBRATION_GRID) into out_dir/<run id>;
+    returns that folder."""
     if not torch.cuda.is_available():
         raise SdbenchError("no results given and no CUDA device here to measure on: pass verify_pack sweep results "
                            "(e.g. from `sdbench sweep --preset fused` on the GPU) or run calibrate-tau on the GPU")
     run_id = results.new_run_id()
     folder = Path(out_dir) / run_id  # a fresh folder: never mixes in an older run, or another GPU's
-    spec = build_spec(None, op="verify_pack", impls=(small, large), device=device, out_dir=folder,
-                            run_id=run_id, **CALIBRATION_GRID)
+    spec = build_spec(None, op="verify_pack", impls=tuple(impls), device=device, out_dir=folder, run_id=run_id,
+                      **(grid or CALIBRATION_GRID))
     summary = run_sweep(spec, progress=progress)
     if summary.interrupted:
         raise SdbenchError(f"the calibration sweep was interrupted; its finished configs are in {folder} "

@@ -39,7 +39,7 @@ def _kv_bytes(points) -> list[float]:
 
 def test_recovers_a_planted_crossover_within_one_grid_step(tmp_path):
     path = _write(tmp_path, PLANTED)
-    result = tau.calibrate([path], profiles_dir=tmp_path / "profiles")
+    result = tau.calibrate([path], small=SMALL, large=LARGE, profiles_dir=tmp_path / "profiles")
     grid = _kv_bytes(result.fit.points)
     below = max(x for x in grid if x < PLANTED_TAU_WALL)
     above = min(x for x in grid if x > PLANTED_TAU_WALL)
@@ -50,7 +50,7 @@ def test_recovers_a_planted_crossover_within_one_grid_step(tmp_path):
 
 @pytest.mark.parametrize("view, planted", [("gpu", 5.0 / (1 / 90.0e3 - 1 / 2.5e6)), ("graph", PLANTED_TAU_WALL * 19 / 40)])
 def test_fits_any_view(tmp_path, view, planted):
-    result = tau.calibrate([_write(tmp_path, PLANTED)], view=view, write=False)
+    result = tau.calibrate([_write(tmp_path, PLANTED)], small=SMALL, large=LARGE, view=view, write=False)
     grid = _kv_bytes(result.fit.points)
     assert max(x for x in grid if x < planted) < result.fit.tau_bytes < min(x for x in grid if x > planted)
 
@@ -66,19 +66,19 @@ def test_interpolates_in_log_bytes_between_measured_points():
 
 def test_small_always_wins_says_no_crossover_tau_infinite(tmp_path):
     models = {("verify_pack", SMALL): lambda c, v: 5.0 + c["kv_bytes"] / 5e6, ("verify_pack", LARGE): PLANTED[("verify_pack", LARGE)]}
-    fit = tau.calibrate([_write(tmp_path, models)], write=False).fit
+    fit = tau.calibrate([_write(tmp_path, models)], small=SMALL, large=LARGE, write=False).fit
     assert math.isinf(fit.tau_bytes) and not fit.crossover
     assert fit.message().startswith("no crossover in measured range; τ = ∞")
 
 
 def test_large_always_wins_says_no_crossover_tau_zero(tmp_path):
     models = {("verify_pack", SMALL): lambda c, v: 500.0, ("verify_pack", LARGE): lambda c, v: 50.0}
-    fit = tau.calibrate([_write(tmp_path, models)], write=False).fit
+    fit = tau.calibrate([_write(tmp_path, models)], small=SMALL, write=False).fit  # large: the study's
     assert fit.tau_bytes == 0 and "no crossover in measured range; τ = 0" in fit.message()
 
 
 def test_calibrate_writes_the_profile(tmp_path):
-    result = tau.calibrate([_write(tmp_path, PLANTED)], profiles_dir=tmp_path / "profiles")
+    result = tau.calibrate([_write(tmp_path, PLANTED)], small=SMALL, large=LARGE, profiles_dir=tmp_path / "profiles")
     assert result.path == tmp_path / "profiles" / "nvidia-h100-80gb-hbm3.toml"
     written = thresholds.read_profile(result.path)
     assert written.gpu_name == "NVIDIA H100 80GB HBM3" and written.gpu_cc == "9.0" and written.gpu_sms == 132
@@ -92,7 +92,7 @@ def test_calibrate_writes_the_profile(tmp_path):
 
 def test_cli_prints_the_rule_and_writes(tmp_path):
     path = _write(tmp_path, PLANTED)
-    result = runner.invoke(app, ["calibrate-tau", str(path), "--profiles", str(tmp_path / "p")])
+    result = runner.invoke(app, ["calibrate-tau", str(path), "--small", SMALL, "--large", LARGE, "--profiles", str(tmp_path / "p")])
     assert result.exit_code == 0, result.output
     assert "accepted KV bytes < τ = 3." in result.output.replace("\n", " ")
     assert (tmp_path / "p" / "nvidia-h100-80gb-hbm3.toml").is_file()
@@ -104,7 +104,7 @@ def test_cli_names_any_pair_and_explains_a_missing_one(tmp_path):
     result = runner.invoke(app, ["calibrate-tau", str(path), "--small", "fused", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "no crossover in measured range; τ = ∞" in result.output
-    result = runner.invoke(app, ["calibrate-tau", str(path), "--dry-run"])
+    result = runner.invoke(app, ["calibrate-tau", str(path), "--large", LARGE, "--dry-run"])
     assert result.exit_code == 2
     assert "no config has both fused_single_block and ballot+pack_torch" in result.output
     assert "fused" in result.output
@@ -120,8 +120,8 @@ def test_several_gpus_need_a_choice(tmp_path):
         PLANTED, gpu={**synthetic_results.H100, "gpu_name": "NVIDIA L40S", "gpu_cc": "8.9"})
     path = synthetic_results.write(tmp_path / "both.parquet", rows)
     with pytest.raises(SdbenchError, match="several GPUs"):
-        tau.calibrate([path], write=False)
-    assert tau.calibrate([path], gpu_name="NVIDIA L40S", write=False).profile.gpu_cc == "8.9"
+        tau.calibrate([path], small=SMALL, write=False)
+    assert tau.calibrate([path], small=SMALL, gpu_name="NVIDIA L40S", write=False).profile.gpu_cc == "8.9"
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="would run the mini-sweep on this GPU")
@@ -179,8 +179,8 @@ def test_without_results_the_cli_chains_the_mini_sweep_then_the_fit(tmp_path, mo
 
     swept = tmp_path / "sweep" / "run-1"
 
-    def fake_sweep(out_dir, small, large, device="cuda", progress=None):
-        assert (Path(out_dir), small, large) == (tmp_path / "sweep", SMALL, LARGE)
+    def fake_sweep(out_dir, impls, device="cuda", progress=None, grid=None):
+        assert (Path(out_dir), list(impls), grid) == (tmp_path / "sweep", [SMALL, LARGE], sweep.CALIBRATION_GRID)
         synthetic_results.write(swept / "part-0.parquet", synthetic_results.make_rows(PLANTED))
         return swept
 
@@ -194,3 +194,274 @@ def test_without_results_the_cli_chains_the_mini_sweep_then_the_fit(tmp_path, mo
 def test_calibrate_refuses_to_measure():
     with pytest.raises(SdbenchError, match="no results given"):
         tau.calibrate([], write=False)
+
+
+SEGMENTED = Profile(gpu_name="NVIDIA H200", gpu_cc="9.0", segment_upper_bytes=[40255.38242518707, 2.5e6, math.inf],
+                    segment_impls=["fused", "ballot+pack_cuda", "fused_scan"],
+                    candidates=["fused", "fused_scan", "ballot+pack_cuda", "ballot+pack_scan"], view="graph",
+                    configs=508, misclassified=12, source_run_ids=["run-a"], note="three segments")
+
+
+def test_per_size_profile_round_trips_in_flat_toml(tmp_path):
+    text = thresholds.dumps(SEGMENTED)
+    assert "segment_upper_bytes = [40255.38242518707, 2500000.0, inf]\n" in text
+    assert 'segment_impls = ["fused", "ballot+pack_cuda", "fused_scan"]\n' in text
+    assert "tau_bytes" not in text and "small_impl" not in text  # one rule form per file
+    assert thresholds.read_profile(thresholds.write_profile(SEGMENTED, tmp_path)) == SEGMENTED
+    assert Profile(**thresholds.parse_flat_toml(text)) == SEGMENTED  # Python 3.10's reader too
+
+
+def test_per_size_rule_in_words():
+    assert SEGMENTED.rule() == ("NVIDIA H200: accepted KV bytes < 40.3 KB -> fused, < 2.5 MB -> ballot+pack_cuda, "
+                                "else fused_scan")
+    one = Profile(gpu_name="G", segment_upper_bytes=[math.inf], segment_impls=["fused"])
+    assert one.rule() == "G: always fused (it won at every measured size)"
+
+
+@pytest.mark.parametrize("body, message", [
+    ('segment_upper_bytes = [1.0, inf]\nsegment_impls = ["a"]\n', "same length"),
+    ('segment_upper_bytes = [2.0, 1.0, inf]\nsegment_impls = ["a", "b", "c"]\n', "rise strictly"),
+    ('segment_upper_bytes = [1.0, 2.0]\nsegment_impls = ["a", "b"]\n', "end with inf"),
+    ('segment_impls = ["a"]\n', "same length"),
+    ('segment_upper_bytes = [inf]\nsegment_impls = ["a"]\ntau_bytes = 1.0\n', "keep one form"),
+    ('note = "x"\n', "missing 'tau_bytes' (or segment_upper_bytes and segment_impls)"),
+])
+def test_bad_per_size_profiles_are_one_line_errors(tmp_path, body, message):
+    (tmp_path / "x.toml").write_text('gpu_name = "A"\n' + body)
+    with pytest.raises(SdbenchError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        thresholds.read_profile(tmp_path / "x.toml")
+
+
+
+def _fewest_by_brute_force(loss, budget):
+    """(fewest segments within budget, the least loss with that many) over every assignment of impls to groups."""
+    import itertools
+
+    least = {}
+    for assignment in itertools.product(range(loss.shape[1]), repeat=loss.shape[0]):
+        count = 1 + sum(a != b for a, b in zip(assignment, assignment[1:], strict=False))
+        least[count] = min(least.get(count, math.inf), sum(loss[g, i] for g, i in enumerate(assignment)))
+    count = min(count for count, value in least.items() if value <= budget + 1e-9)
+    return count, least[count]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_fewest_segments_is_exact(seed):
+    rng = np.random.default_rng(seed)
+    loss = rng.exponential(size=(7, 3)) * (rng.random((7, 3)) < 0.6)  # ties (zeros) included
+    budget = loss.min(axis=1).sum() + rng.uniform(0.0, 2.0)
+    plan, least_by_count = thresholds.fewest_segments(loss, loss, budget)
+    count, least = _fewest_by_brute_force(loss, budget)
+    assert len(plan) == count and least_by_count[count - 1] == pytest.approx(least)
+    assert sum(loss[start:end, impl].sum() for start, end, impl in plan) == pytest.approx(least)
+    assert [start for start, _, _ in plan] == [0] + [end for _, end, _ in plan[:-1]] and plan[-1][1] == 7
+    assert all(left[2] != right[2] for left, right in zip(plan, plan[1:], strict=False))
+
+# --- the per-size race ------------------------------------------------------------------------------
+# Accepted KV = b · (0.5 · γ) · kv_dim · 2 = b · γ · kv_dim over this grid: 16 configs, 12 distinct sizes from
+# 1 KB to 134 MB (16 KB, 131 KB, 1.05 MB and 8.39 MB twice).
+RACE_GRID = dict(batch_sizes=(1, 8, 64, 512), gammas=(8, 128), alphas=(0.5,), kv_dims=(128, 2048))
+RACE_BYTES = sorted(b * g * d for b in (1, 8, 64, 512) for g in (8, 128) for d in (128, 2048))
+CANDIDATES = ("fused", "fused_scan", "ballot+pack_cuda", "ballot+pack_scan")
+
+
+def _planted(winner_at, fast=10.0, slow=12.0, overrides=None):
+    """Every candidate takes `slow` µs except the winner at that size (`fast`); overrides[(impl, range)] wins."""
+    def model(impl):
+        def median(config, view):
+            for (name, low, high), value in (overrides or {}).items():
+                if name == impl and low <= config["kv_bytes"] < high:
+                    return value
+            return fast if winner_at(config["kv_bytes"]) == impl else slow
+        return median
+    return {("verify_pack", impl): model(impl) for impl in CANDIDATES}
+
+
+def _race(tmp_path, models, noise=0.002, **options):
+    rows = synthetic_results.make_rows(models, noise=noise, **RACE_GRID)
+    path = synthetic_results.write(tmp_path / "race.parquet", rows)
+    return tau.calibrate([path], write=False, **options)
+
+
+def _gap_midpoint(bound):
+    """The geometric middle of the measured gap around bound (a constant ratio crosses zero there)."""
+    below, above = max(x for x in RACE_BYTES if x < bound), min(x for x in RACE_BYTES if x > bound)
+    return math.sqrt(below * above)
+
+
+def test_race_finds_two_planted_segments_at_the_crossover(tmp_path):
+    """fused: 5 µs + one SM's copy; fused_scan: 8 µs + the whole GPU's; they cross at 3 / (1/1e5 - 1/2e6) B."""
+    crossover = 3 / (1 / 1e5 - 1 / 2e6)  # 316 KB
+    models = {("verify_pack", "fused"): lambda c, v: 5.0 + c["kv_bytes"] / 1e5,
+              ("verify_pack", "fused_scan"): lambda c, v: 8.0 + c["kv_bytes"] / 2e6,
+              ("verify_pack", "ballot+pack_cuda"): lambda c, v: 20.0 + c["kv_bytes"] / 2e6,
+              ("verify_pack", "ballot+pack_scan"): lambda c, v: 21.0 + c["kv_bytes"] / 2e6}
+    fit = _race(tmp_path, models).fit
+    assert [segment.impl for segment in fit.segments] == ["fused", "fused_scan"]
+    cut = fit.segments[0].high_bytes
+    assert max(x for x in RACE_BYTES if x < crossover) < cut < min(x for x in RACE_BYTES if x > crossover)
+    assert fit.segments[0].low_bytes == 0 and fit.segments[1].low_bytes == cut and math.isinf(fit.segments[1].high_bytes)
+    assert fit.misclassified == 0 and fit.geomean_loss == pytest.approx(0.0, abs=1e-12)
+
+
+def test_race_finds_three_planted_segments(tmp_path):
+    winner = lambda kv: "fused" if kv < 1e5 else "ballot+pack_cuda" if kv < 3e6 else "fused_scan"  # noqa: E731
+    fit = _race(tmp_path, _planted(winner)).fit
+    assert [(s.impl, len(s.points), s.wins) for s in fit.segments] == [
+        ("fused", 5, 5), ("ballot+pack_cuda", 7, 7), ("fused_scan", 4, 4)]
+    assert [s.high_bytes for s in fit.segments[:2]] == pytest.approx([_gap_midpoint(1e5), _gap_midpoint(3e6)])
+    assert all(segment.worst.ratio(segment.impl) == pytest.approx(1.0) for segment in fit.segments)
+    assert "3 segments" in fit.message() and "0 of 16 configs misclassified" in fit.message()
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.01, 0.5])
+def test_one_winner_everywhere_is_one_segment(tmp_path, tolerance):
+    """No made-up crossover, even with no tolerance: fused_scan wins everywhere, by 1% to 2x."""
+    models = {("verify_pack", "fused_scan"): lambda c, v: 10.0,
+              ("verify_pack", "fused"): lambda c, v: 10.1 + c["kv_bytes"] / 1e6,
+              ("verify_pack", "ballot+pack_cuda"): lambda c, v: 20.0,
+              ("verify_pack", "ballot+pack_scan"): lambda c, v: 11.0}
+    fit = _race(tmp_path, models, tolerance=tolerance).fit
+    assert [(s.impl, s.low_bytes, s.high_bytes) for s in fit.segments] == [("fused_scan", 0.0, math.inf)]
+    assert fit.message().startswith("no crossover in measured range: fused_scan is the better choice at every")
+
+
+# fused wins by 1.5x everywhere but between 100 KB and 3 MB, where ballot+pack_cuda is 5% faster (7 configs).
+NARROW = _planted(lambda kv: "fused", fast=10.0, slow=15.0,
+                  overrides={("ballot+pack_cuda", 1e5, 3e6): 10.0, ("fused", 1e5, 3e6): 10.5})
+
+
+def test_a_real_narrow_win_is_its_own_segment(tmp_path):
+    """Measured tightly (0.2% noise), 5% on 7 of 16 configs is worth a segment at 1% tolerance."""
+    fit = _race(tmp_path, NARROW, noise=0.002).fit
+    assert [segment.impl for segment in fit.segments] == ["fused", "ballot+pack_cuda", "fused"]
+
+
+def test_a_noise_level_difference_merges(tmp_path):
+    """The same 5% under 30% sample noise (~6% standard error per median) is a tie: one segment, fused,
+    whose cost the report still shows (worst +5%)."""
+    fit = _race(tmp_path, NARROW, noise=0.3).fit
+    assert [segment.impl for segment in fit.segments] == ["fused"]
+    only = fit.segments[0]
+    assert (only.wins, only.ties) == (9, 7)
+    assert only.worst.ratio("fused") == pytest.approx(1.05)
+    assert fit.misclassified == 7 and fit.within_noise == 7
+
+
+def test_the_noise_column_stands_in_for_missing_samples(tmp_path):
+    rows = synthetic_results.make_rows(NARROW, noise=0.002, **RACE_GRID)
+    for row in rows:
+        row.update(samples_us=[], noise=0.06)
+    fit = tau.calibrate([synthetic_results.write(tmp_path / "r.parquet", rows)], write=False).fit
+    assert [segment.impl for segment in fit.segments] == ["fused"]
+
+
+def test_tolerance_buys_fewer_segments_at_a_reported_cost(tmp_path):
+    """At 5% tolerance the 5% narrow win (1.5% of the geometric mean) is merged away, and the report says what
+    that costs: exp(7/16 · log 1.05) - 1."""
+    fit = _race(tmp_path, NARROW, noise=0.002, tolerance=0.05).fit
+    assert [segment.impl for segment in fit.segments] == ["fused"]
+    assert fit.geomean_loss == pytest.approx(1.05 ** (7 / 16) - 1, rel=1e-9)
+    assert fit.total_loss == pytest.approx(7 * 0.5 / (16 * 10.0), rel=1e-9)
+
+
+def test_fused_against_the_best_sync_free_two_step(tmp_path):
+    """fused 10 vs 12 below 100 KB (0.83x), 12 vs 10 to 3 MB (1.2x, 7 configs), 12 vs 12 above (1.0x)."""
+    winner = lambda kv: "fused" if kv < 1e5 else "ballot+pack_cuda" if kv < 3e6 else "fused_scan"  # noqa: E731
+    fused = _race(tmp_path, _planted(winner)).fused
+    assert len(fused.rows) == 16 and fused.within == 5 + 4
+    point, two_step, ratio = fused.worst
+    assert ratio == pytest.approx(1.2) and two_step == "ballot+pack_cuda" and 1e5 <= point.kv_bytes < 3e6
+    assert fused.message().startswith("fused ≤ 1.03 × the best sync-free two-step at 9 of 16 configs; worst 1.20x")
+
+
+def test_the_syncing_two_step_is_not_a_sync_free_one():
+    assert tau.sync_free_two_steps(("fused", "ballot+pack_torch", "ballot+pack_cuda", "ballot+pack_scan")) == [
+        "ballot+pack_cuda", "ballot+pack_scan"]
+
+
+def test_race_cli_prints_the_tables_writes_the_profile_and_the_dispatcher_follows_it(tmp_path):
+    from sdbench import dispatch
+
+    winner = lambda kv: "fused" if kv < 1e5 else "ballot+pack_cuda" if kv < 3e6 else "fused_scan"  # noqa: E731
+    path = synthetic_results.write(tmp_path / "race.parquet", synthetic_results.make_rows(
+        _planted(winner), noise=0.002, **RACE_GRID))
+    result = CliRunner(env={"COLUMNS": "250"}).invoke(
+        app, ["calibrate-tau", str(path), "--view", "graph", "--profiles", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "fused ÷ best two-step" in output and "│ ballot+pack_cuda │ ballot+pack_cuda │ 1.20 │" in output
+    assert "[92.7 KB, 4.19 MB) │ ballot+pack_cuda │ 7 │ 7" in output
+    assert "fused ≤ 1.03 × the best sync-free two-step at 9 of 16 configs" in output
+    assert "accepted KV bytes < 92.7 KB -> fused, < 4.19 MB -> ballot+pack_cuda, else fused_scan" in output
+    profile = thresholds.read_profile(tmp_path / "p" / "nvidia-h100-80gb-hbm3.toml")
+    assert profile.segment_impls == ["fused", "ballot+pack_cuda", "fused_scan"] and profile.view == "graph"
+    assert profile.candidates == list(CANDIDATES) and profile.configs == 16 and profile.misclassified == 0
+    for kv_bytes in RACE_BYTES:  # b · γ · kv_dim · elem with b = γ = 1, α = 1 and 1-byte elements
+        assert dispatch.decide(1, 1, kv_bytes, 1, 1.0, profile).impl == winner(kv_bytes)
+
+
+def test_race_takes_the_candidates_the_results_hold_and_names_the_rest(tmp_path):
+    models = {key: value for key, value in NARROW.items() if key[1] != "ballot+pack_scan"}
+    fit = _race(tmp_path, models).fit
+    assert fit.impls == ("fused", "fused_scan", "ballot+pack_cuda") and fit.absent == ("ballot+pack_scan",)
+
+
+def test_race_needs_two_measured_candidates(tmp_path):
+    result = runner.invoke(app, ["calibrate-tau", str(_write(tmp_path, PLANTED)), "--dry-run"])
+    assert result.exit_code == 2
+    assert "the per-size race needs two or more" in result.output and "--small/--large" in result.output
+    result = runner.invoke(app, ["calibrate-tau", str(_write(tmp_path, PLANTED)), "--impls", "fused,fused_scan",
+                                 "--dry-run"])
+    assert result.exit_code == 2 and "--impls fused, fused_scan not measured" in " ".join(result.output.split())
+
+
+def test_race_over_any_named_set_including_the_study_pair(tmp_path):
+    """--impls races any set: the study's pair as two segments at the planted τ."""
+    fit = tau.calibrate([_write(tmp_path, PLANTED)], impls=[SMALL, LARGE], write=False).fit
+    assert [segment.impl for segment in fit.segments] == [SMALL, LARGE]
+    grid = sorted({point.kv_bytes for point in fit.points})
+    assert max(x for x in grid if x < PLANTED_TAU_WALL) < fit.segments[0].high_bytes < min(
+        x for x in grid if x > PLANTED_TAU_WALL)
+
+
+def test_race_and_pair_options_exclude_each_other(tmp_path):
+    with pytest.raises(SdbenchError, match="either --impls"):
+        tau.calibrate([_write(tmp_path, PLANTED)], impls=["fused"], small=SMALL, write=False)
+
+
+def test_without_results_the_race_sweeps_its_candidates_over_larger_batches(tmp_path, monkeypatch):
+    from sdbench.commands import sweep
+
+    swept = tmp_path / "sweep" / "run-1"
+    seen = {}
+
+    def fake_sweep(out_dir, impls, device="cuda", progress=None, grid=None):
+        seen.update(impls=list(impls), grid=grid)
+        synthetic_results.write(swept / "part-0.parquet", synthetic_results.make_rows(NARROW, **RACE_GRID))
+        return swept
+
+    monkeypatch.setattr(sweep, "run_calibration_sweep", fake_sweep)
+    result = runner.invoke(app, ["calibrate-tau", "--sweep-out", str(tmp_path / "sweep"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert seen["impls"] == list(CANDIDATES) and max(seen["grid"]["batch_sizes"]) > 32
+
+
+def test_the_race_says_what_fewer_segments_would_cost(tmp_path):
+    """NARROW, tightly measured: one segment loses 5% on 7 of 16 configs, three lose nothing."""
+    fit = _race(tmp_path, NARROW, noise=0.002).fit
+    assert fit.loss_by_count == pytest.approx([1.05 ** (7 / 16) - 1, 1.05 ** (7 / 16) - 1, 0.0], abs=1e-12)
+
+
+def test_winners_that_follow_the_batch_not_the_bytes_are_flagged(tmp_path):
+    """fused wins at b = 1 and 64, fused_scan at b = 8 and 512: along the bytes they interleave."""
+    def winning_at(batch_sizes):
+        return lambda c, v: 10.0 if c["batch_size"] in batch_sizes else 13.0
+
+    models = {("verify_pack", impl): winning_at(wins) for impl, wins in (
+        ("fused", (1, 64)), ("fused_scan", (8, 512)), ("ballot+pack_cuda", ()), ("ballot+pack_scan", ()))}
+    fit = _race(tmp_path, models).fit
+    impls = [segment.impl for segment in fit.segments]
+    assert len(impls) > 3 and set(impls) == {"fused", "fused_scan"}
+    assert "fused, fused_scan hold several segments: the winners interleave along accepted KV" in fit.message()
+    assert "several segments" not in _race(tmp_path, NARROW, noise=0.3).fit.message()
