@@ -24,7 +24,7 @@ from collections.abc import Iterable
 import torch
 
 from sdbench import registry
-from sdbench.ops.prob_verify_logits.reference import mean_accepted_length_by_rule
+from sdbench.ops.prob_verify_logits.reference import expected_accepted_lengths
 from sdbench.ops.prob_verify_logits.workload import (
     LogitsConfig,
     benchmark_grid,
@@ -35,26 +35,29 @@ from sdbench.ops.prob_verify_logits.workload import (
 
 DESIGNS = ("fused_logits", "vllm_v2_style", "softmax_fused_prob", "softmax_flashinfer", "torch_eager")
 BYTES_DESIGN = {"fused_logits": "fused_logits", "vllm_v2_style": "vllm_v2_style"}  # the rest: softmax_then_prob
-RULE_CHUNK_LOGITS = 2**27  # the eager rules materialise p and q (and temporaries): this many logits at a time
-_MEANS: dict[LogitsConfig, dict[str, float]] = {}  # one reference run per point, shared by its cold and warm rows
+RULE_CHUNK_LOGITS = 2**27  # the expectations hold p and q in float64 (and a [B·draws, V] temporary): this many logits at a time
+EXPECTED_SAMPLES = 512  # draft sequences per point behind each expected length: 512 draws per request at b = 1
+_LENGTHS: dict[LogitsConfig, dict[str, float]] = {}  # one computation per point, shared by its cold and warm rows
 
 
-def _mean_lengths(cfg: LogitsConfig, workload) -> dict[str, float]:
-    """Mean accepted drafts per sequence under each rule (the reference, supplied randomness), over batch
-    chunks of at most RULE_CHUNK_LOGITS logits, so every point of the grid gets both columns."""
-    if cfg not in _MEANS:
-        rows = max(1, RULE_CHUNK_LOGITS // ((2 * cfg.gamma + 1) * cfg.vocab_size))
+def _expected_lengths(cfg: LogitsConfig, workload) -> dict[str, float]:
+    """Expected accepted drafts per sequence under each rule (reference.expected_accepted_lengths: fresh
+    drafts, exact over the uniforms), over batch chunks of at most RULE_CHUNK_LOGITS logits, so every point
+    of the grid gets both columns; ⌈EXPECTED_SAMPLES / B⌉ draws per request."""
+    if cfg not in _LENGTHS:
+        draws = -(-EXPECTED_SAMPLES // cfg.batch_size)
+        rows = max(1, RULE_CHUNK_LOGITS // ((2 * cfg.gamma + 1) * cfg.vocab_size * draws))
+        generator = torch.Generator(device=workload.device).manual_seed(cfg.seed)
         totals = {"token": 0.0, "block": 0.0}
         for start in range(0, cfg.batch_size, rows):
             part = slice(start, min(start + rows, cfg.batch_size))
             size = part.stop - part.start
-            chunk = dataclasses.replace(
-                workload, config=dataclasses.replace(cfg, batch_size=size), randomness="supplied",
-                **{name: getattr(workload, name)[part] for name in BATCHED_FIELDS})
-            for rule, mean in mean_accepted_length_by_rule(chunk).items():
+            chunk = dataclasses.replace(workload, config=dataclasses.replace(cfg, batch_size=size),
+                                        **{name: getattr(workload, name)[part] for name in BATCHED_FIELDS})
+            for rule, mean in expected_accepted_lengths(chunk, draws, generator).items():
                 totals[rule] += mean * size
-        _MEANS[cfg] = {rule: total / cfg.batch_size for rule, total in totals.items()}
-    return _MEANS[cfg]
+        _LENGTHS[cfg] = {rule: total / cfg.batch_size for rule, total in totals.items()}
+    return _LENGTHS[cfg]
 
 
 BATCHED_FIELDS = ("draft_tokens", "target_logits", "draft_logits", "target_temperature", "draft_temperature",
@@ -93,9 +96,10 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
                 row["vs_floor_plus_3us"] = round(stats.median_us / (1.3 * floor_us + 3.0), 3)
         rows.append(row)
     if means:
-        lengths = _mean_lengths(cfg, workload)
+        lengths = _expected_lengths(cfg, workload)
         for row in rows:
-            row.update(mean_length_token=round(lengths["token"], 4), mean_length_block=round(lengths["block"], 4))
+            row.update(expected_length_token=round(lengths["token"], 4),
+                       expected_length_block=round(lengths["block"], 4))
     del workload, runs
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tbps", type=float, default=None,
                         help="bandwidth of the floor, TB/s (default: the copy ceiling measured at the start)")
     parser.add_argument("--gpu-iters", type=int, default=20, help="CUPTI-timed calls per design and point")
-    parser.add_argument("--no-means", action="store_true", help="skip the mean accepted length per rule")
+    parser.add_argument("--no-means", action="store_true", help="skip the expected accepted length per rule")
     parser.add_argument("--views", default="gpu", help="comma list of gpu, graph, wall")
     parser.add_argument("--rule", default="token", choices=("token", "block"),
                         help="acceptance rule timed (block: fused_logits and torch_eager; the peers give their reason)")

@@ -84,3 +84,36 @@ def mean_accepted_length_by_rule(w) -> dict[str, float]:
     """Mean accepted drafts per sequence under each rule on the same workload and the same supplied
     randomness (the report's column: block verification is never worse in expectation)."""
     return {rule: mean_accepted_length(reference_outputs(w, rule)["accepted_lengths"]) for rule in ("token", "block")}
+
+
+def expected_accepted_lengths(w, draws: int, generator: torch.Generator | None = None) -> dict[str, float]:
+    """Expected accepted drafts per sequence under each rule on w's logits and temperatures: `draws` fresh
+    draft sequences per request (x_i ~ q_i, as the workload draws them) and, given the drafts, the exact
+    expectation over the accept uniforms, in float64:
+    - token: Σ_{i=1..γ} Π_{j<i} min(1, p_j(x_j)/q_j(x_j))  (P(k >= i));
+    - block: Σ_{i=1..γ} (1 - Π_{j=i..γ} (1 - h_j))  (P(τ >= i), τ the largest i with η_i < h_i), with
+      w_i, r_i, h_i as in sdbench.ops.prob_verify.reference.block_stop.
+    A single draw of drafts and uniforms (the workload's own) is one sample of these: at b = 1 its
+    accepted length is 0..γ, and block verification beats token-wise only in expectation. Peak memory:
+    p, q and one [B·draws, V] temporary in float64."""
+    p = temperature_probs(w.target_logits, w.target_temperature, torch.float64)  # [B, γ+1, V]
+    q = temperature_probs(w.draft_logits, w.draft_temperature, torch.float64)  # [B, γ, V]
+    batch, gamma, vocab = q.shape
+    drafts = torch.multinomial(q.reshape(batch * gamma, vocab), draws, replacement=True, generator=generator)
+    drafts = drafts.view(batch, gamma, draws).permute(0, 2, 1)  # [B, draws, γ]
+    p_at = torch.gather(p[:, None, :gamma].expand(batch, draws, gamma, vocab), 3, drafts[..., None])[..., 0]
+    q_at = torch.gather(q[:, None].expand(batch, draws, gamma, vocab), 3, drafts[..., None])[..., 0]
+    ratio = p_at / q_at  # q_at > 0: every draft was drawn from q
+    token = torch.cumprod(ratio.clamp(max=1.0), dim=2).sum(dim=2)
+    weights = [torch.ones_like(ratio[..., 0])]  # w_0 .. w_γ
+    for j in range(gamma):
+        weights.append(torch.clamp(weights[-1] * ratio[..., j], max=1.0))
+    h = []
+    for i in range(1, gamma):
+        mass = (weights[i][..., None] * p[:, None, i] - q[:, None, i]).clamp(min=0.0).sum(dim=2)
+        denominator = mass + 1.0 - weights[i]
+        h.append(torch.where(denominator > 0, mass / torch.where(denominator > 0, denominator, 1.0), 1.0))
+    h.append(weights[gamma])
+    rejected_from = torch.cumprod(torch.stack([1.0 - value for value in reversed(h)], dim=2), dim=2)  # Π_{j=i..γ}
+    block = (1.0 - rejected_from).sum(dim=2)
+    return {"token": float(token.mean()), "block": float(block.mean())}

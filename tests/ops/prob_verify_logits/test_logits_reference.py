@@ -204,16 +204,44 @@ def test_bench_rows_carry_the_floor_the_bytes_and_both_rules():
     assert eager["rule"] == "token" and flashinfer["rule"] == "token"
     assert eager["vs_floor_plus_3us"] == pytest.approx(eager["cpu_us"] / (1.3 * eager["floor_us"] + 3.0), rel=1e-2)
     assert flashinfer["reason"] and "cpu_us" not in flashinfer
-    assert 0 <= eager["mean_length_token"] <= 2 and 0 <= eager["mean_length_block"] <= 2
+    assert 0 <= eager["expected_length_token"] <= 2 and 0 <= eager["expected_length_block"] <= 2
 
 
-def test_bench_mean_lengths_over_batch_chunks_equal_the_whole_batch(monkeypatch):
+def test_bench_expected_lengths_over_batch_chunks_equal_the_whole_batch(monkeypatch):
+    """logits_bench's chunked expectation equals one call over the whole batch with the same draws (the same
+    generator stream: multinomial draws rows in order, so chunks of whole requests consume it alike)."""
     import sdbench.commands.logits_bench as bench
 
     cfg = LogitsConfig(7, 3, vocab_size=50, seed=4)
     workload = make_logits_workload(cfg)
-    whole = reference.mean_accepted_length_by_rule(workload)
-    monkeypatch.setattr(bench, "RULE_CHUNK_LOGITS", 2 * 7 * 50)  # two requests a chunk: 2, 2, 2, 1
-    monkeypatch.setattr(bench, "_MEANS", {})
-    chunked = bench._mean_lengths(cfg, workload.with_randomness("fast"))
-    assert chunked == pytest.approx(whole, rel=1e-12)
+    draws = -(-bench.EXPECTED_SAMPLES // 7)
+    whole = reference.expected_accepted_lengths(workload, draws, torch.Generator().manual_seed(4))
+    monkeypatch.setattr(bench, "RULE_CHUNK_LOGITS", 2 * 7 * 50 * draws)  # two requests a chunk: 2, 2, 2, 1
+    monkeypatch.setattr(bench, "_LENGTHS", {})
+    chunked = bench._expected_lengths(cfg, workload.with_randomness("fast"))
+    assert chunked == pytest.approx(whole, rel=1e-9)
+
+
+def test_expected_accepted_lengths_match_the_rules_sampled():
+    """The closed forms (fresh drafts, exact over the uniforms) against the reference rules run on 3·20000
+    sampled (drafts, uniforms, noise) rounds: within 4.5 standard errors for each rule, and the two rules'
+    expectations differ by more than that (so a formula swapped between them would fail)."""
+    cfg = LogitsConfig(3, 4, vocab_size=8, seed=5, draft_noise=0.6, temperatures=(1.0, 0.0, 0.7))
+    w = make_logits_workload(cfg)
+    expected = reference.expected_accepted_lengths(w, 20000, torch.Generator().manual_seed(1))
+    rounds = 20000
+    gen = torch.Generator().manual_seed(2)
+    tile = lambda t: t.repeat_interleave(rounds, 0)  # noqa: E731
+    q = reference.temperature_probs(w.draft_logits, w.draft_temperature)
+    drafts = torch.multinomial(tile(q).reshape(-1, 8), 1, generator=gen).view(3 * rounds, 4)
+    uniforms = torch.rand(3 * rounds, 4, generator=gen)
+    noise = torch.empty(3 * rounds, 8).exponential_(generator=gen)
+    sampled = {}
+    for rule in ("token", "block"):
+        lengths = reference.prob_verify_logits(drafts, tile(w.target_logits), tile(w.draft_logits),
+                                               tile(w.target_temperature), tile(w.draft_temperature), uniforms,
+                                               noise, rule=rule)["accepted_lengths"].double()
+        sampled[rule] = (float(lengths.mean()), float(lengths.std()) / len(lengths) ** 0.5)
+    for rule, (mean, error) in sampled.items():
+        assert abs(mean - expected[rule]) < 4.5 * error, (rule, mean, expected[rule], error)
+    assert expected["block"] - expected["token"] > 4.5 * max(error for _, error in sampled.values())
