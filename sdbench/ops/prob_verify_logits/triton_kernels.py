@@ -105,8 +105,9 @@ def _inverse_temperature(temperature):
 @triton.jit
 def _row_stats_kernel(
     target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
+    row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr,
     vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
-    GAMMA: tl.constexpr, TILE: tl.constexpr,
+    GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     """Grid (B·(2γ+1), splits). Program (row, s): columns [s·span, min((s+1)·span, V)) of one row, TILE
     at a time, each lane of the tile keeping its own running max m and Σexp(z - m) (and, on a greedy row,
@@ -116,7 +117,11 @@ def _row_stats_kernel(
     into the exponent's multiply); the stored max is max(x)·(1/T), the same float as max(x·(1/T)),
     since rounding a product by a positive number is monotonic. Lanes start at -FLT_MAX, not -inf, so a
     masked or -inf logit adds exp2(-inf) = 0 and never NaN (a span of -inf logits leaves s = 0). The next
-    tile is loaded before this one is folded in (two tiles in flight per program)."""
+    tile is loaded before this one is folded in (two tiles in flight per program).
+    COMBINE (fused_logits): the row's last program to arrive (arrivals_ptr, int32 per row, left zeroed)
+    combines the row's `splits` partials into row_*_ptr[row] (one program per row writes there directly),
+    so the race reads 2γ+1 numbers per sequence, not (2γ+1)·splits in every one of its programs. Without
+    it (vllm_v2_style, whose scan kernel combines the blocks once) the partials are the output."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     b = (row // (2 * GAMMA + 1)).to(tl.int64)
@@ -152,10 +157,32 @@ def _row_stats_kernel(
     first = tl.full([], NO_INDEX, tl.int32)
     if greedy:  # only greedy rows read their argmax: the others skip a third reduction
         first = tl.min(tl.where(m == row_max, arg, NO_INDEX), axis=0)
-    out = row * splits + split
-    tl.store(stats_max_ptr + out, tl.where(row_max > LOWEST, row_max * inverse, float("-inf")))
-    tl.store(stats_sum_ptr + out, total)
-    tl.store(stats_arg_ptr + out, first)
+    row_max = tl.where(row_max > LOWEST, row_max * inverse, float("-inf"))
+    if COMBINE and splits == 1:
+        tl.store(row_max_ptr + row, row_max)
+        tl.store(row_sum_ptr + row, total)
+        tl.store(row_arg_ptr + row, first)
+    else:
+        out = row * splits + split
+        tl.store(stats_max_ptr + out, row_max)
+        tl.store(stats_sum_ptr + out, total)
+        tl.store(stats_arg_ptr + out, first)
+        if COMBINE:
+            # release: this program's partial is visible before its arrival; the last arrival acquires all
+            if tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel") == splits - 1:
+                parts = row * splits + tl.arange(0, SPLITS_PAD)
+                valid = tl.arange(0, SPLITS_PAD) < splits
+                # (new names: a tensor must keep its shape across Triton's branches)
+                part_max = tl.load(stats_max_ptr + parts, mask=valid, other=float("-inf"), cache_modifier=".cg")
+                part_sum = tl.load(stats_sum_ptr + parts, mask=valid, other=0.0, cache_modifier=".cg")
+                part_arg = tl.load(stats_arg_ptr + parts, mask=valid, other=NO_INDEX, cache_modifier=".cg")
+                combined_max = tl.max(part_max, axis=0)
+                scaled = tl.where(valid, part_sum * tl.exp(part_max - combined_max), 0.0)
+                tl.store(row_max_ptr + row, combined_max)
+                tl.store(row_sum_ptr + row, tl.sum(scaled, axis=0))
+                tl.store(row_arg_ptr + row, tl.min(tl.where(valid & (part_max == combined_max), part_arg, NO_INDEX),
+                                                   axis=0))
+                tl.store(arrivals_ptr + row, 0)  # every program of the row has arrived: the next launch starts clean
 
 
 @triton.jit
@@ -691,12 +718,17 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
             torch.empty(count, dtype=torch.int32, device=device))
 
 
-def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int = STATS_TILE):
+def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int = STATS_TILE,
+                  combined: tuple[torch.Tensor, ...] | None = None):
+    """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
+    each row's last program also combines its partials there (COMBINE)."""
     batch, gamma, vocab = t.shape
+    combine = combined is not None
     args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
-            vocab, plan.span, plan.splits, t.target_logits.stride(0), t.target_logits.stride(1),
-            t.draft_logits.stride(0), t.draft_logits.stride(1))
-    meta = dict(GAMMA=gamma, TILE=tile, num_warps=STATS_WARPS if not INTERPRETED else 1)
+            *(combined if combine else stats + (stats[2],)), vocab, plan.span, plan.splits,
+            t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1))
+    meta = dict(GAMMA=gamma, TILE=tile, COMBINE=combine, SPLITS_PAD=triton.next_power_of_2(plan.splits),
+                num_warps=STATS_WARPS if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, t.draft_tokens.device)
 
 
@@ -711,19 +743,21 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     race = default_fused_plan(batch, vocab, device)
     steps = race_steps(batch, race.splits, device)
     race_programs = triton.cdiv(race.splits, steps)
-    stats = allocate_stats(batch, gamma, plan.splits, device)
+    partials = allocate_stats(batch, gamma, plan.splits, device)
+    stats = allocate_stats(batch, gamma, 1, device)  # each row's partials combined by its last pass-1 program
+    row_arrivals = torch.zeros(batch * (2 * gamma + 1), dtype=torch.int32, device=device)
     best = torch.zeros(batch, dtype=torch.int64, device=device)
     arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
     offsets = philox_offsets(batch, offset, device)  # fast mode advances them on the device, call by call
-    launches = [_stats_launch(t, stats, plan)]
+    launches = [_stats_launch(t, partials, plan, combined=stats + (row_arrivals,))]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
-                SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=_precise_math(device))
+                SPLITS_PAD=1, PRECISE_MATH=_precise_math(device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
     mass_plan = mass_plan or (default_row_plan(mass_rows, vocab, device) if mass_rows else StatsPlan(span=vocab, splits=1))
     mass = torch.empty(max(1, mass_rows * mass_plan.splits), dtype=torch.float32, device=device)
     if mass_rows:
         mass_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
-                     mass, vocab, plan.splits, mass_plan.span, mass_plan.splits, t.draft_tokens.stride(0),
+                     mass, vocab, 1, mass_plan.span, mass_plan.splits, t.draft_tokens.stride(0),
                      t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
                      t.draft_logits.stride(1))
         mass_meta = dict(pads, TILE=TILE, num_warps=STATS_WARPS if not INTERPRETED else 1)
@@ -731,7 +765,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     args = (
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
         t.exponential_noise, *stats, mass, outputs["accepted_lengths"], outputs["next_tokens"],
-        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, seed, vocab, plan.splits,
+        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, seed, vocab, 1,
         mass_plan.splits, race_programs, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
         t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0),
         outputs["output_tokens"].stride(0),
@@ -744,7 +778,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         for step in launches:
             step()
 
-    launch.scratch = (best, arrivals)  # tests check they are left zeroed
+    launch.scratch = (best, arrivals, row_arrivals)  # tests check they are left zeroed
     launch.philox_offsets = offsets
     return launch
 

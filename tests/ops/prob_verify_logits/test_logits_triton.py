@@ -137,8 +137,8 @@ def _run_cases() -> dict[str, str | None]:
         launch = kernels.fused_logits_launcher(inputs, allocate_outputs(fast), fast=True, seed=7, offset=3)
         launch()
         launch()
-        best, arrivals = launch.scratch
-        return None if not best.any() and not arrivals.any() else f"scratch not reset: {best}, {arrivals}"
+        clean = not any(counter.any() for counter in launch.scratch)
+        return None if clean else f"scratch not reset: {launch.scratch}"
 
     def plan_covers():
         failures = []
@@ -219,6 +219,17 @@ def _row_stats_failures(kernels) -> str | None:
                 failures.append(f"{dtype} span {span}: sum {got_sum.tolist()} != {want_sum.tolist()}")
             if not torch.equal(got_arg[greedy], want_arg[greedy].to(got_arg.dtype)):
                 failures.append(f"{dtype} span {span}: argmax {got_arg[greedy].tolist()} != {want_arg[greedy].tolist()}")
+            # COMBINE (fused_logits): each row's last program combines its partials in the kernel, twice in a row
+            combined = kernels.allocate_stats(3, 2, 1, target.device) + (torch.zeros(15, dtype=torch.int32),)
+            launch = kernels._stats_launch(inputs, kernels.allocate_stats(3, 2, plan.splits, target.device), plan,
+                                           combined=combined)
+            for call in range(2):
+                launch()
+                m, s, a, arrivals = (part.view(3, 5) for part in combined)
+                if not (torch.equal(m, want_max) and torch.allclose(s.double(), want_sum, rtol=1e-5, atol=0)
+                        and torch.equal(a[greedy], want_arg[greedy].to(a.dtype)) and not arrivals.any()):
+                    failures.append(f"{dtype} span {span} call {call}: combined {m.tolist()}, {s.tolist()}, "
+                                    f"{a.tolist()}, arrivals {arrivals.tolist()}")
     return "; ".join(failures) or None
 
 
@@ -299,8 +310,8 @@ def _run_block_cases(record, snapshot) -> None:
                                                rule="block")
         launch()
         launch()
-        best, arrivals = launch.scratch
-        return None if not best.any() and not arrivals.any() else f"scratch not reset: {best}, {arrivals}"
+        clean = not any(counter.any() for counter in launch.scratch)
+        return None if clean else f"scratch not reset: {launch.scratch}"
 
     def any_split():
         """The split of either stream changes the partials (and r_i's summation order), not the tokens."""
