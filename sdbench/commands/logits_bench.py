@@ -1,9 +1,10 @@
-"""The from-logits benchmark driver the lead runs on the H100: every design at every grid point, cold and
-warm L2, GPU time against the logits read floor, and the mean accepted length per rule.
+"""The from-logits benchmark driver run on the GPU host: every design at every grid point, cold and warm
+L2, GPU time against the logits read floor, and the expected accepted length per rule.
 
     python -m sdbench.commands.logits_bench --out logits.csv            # the issue's 72 points
     python -m sdbench.commands.logits_bench --quick --out quick.csv     # b=32, γ=8, V=128256
     python -m sdbench.commands.logits_bench --quick --rule block --out block.csv
+    python -m sdbench.commands.logits_bench --lengths-only --out lengths.csv    # expected lengths, no timing
 
 Timing is sdbench.measure.timing (gpu view: CUPTI device time per call; the graph and wall views with
 --views). Designs are timed in fast randomness (in-kernel Philox; FlashInfer draws its own), as an
@@ -35,7 +36,11 @@ from sdbench.ops.prob_verify_logits.workload import (
 
 DESIGNS = ("fused_logits", "vllm_v2_style", "softmax_fused_prob", "softmax_flashinfer", "torch_eager")
 BYTES_DESIGN = {"fused_logits": "fused_logits", "vllm_v2_style": "vllm_v2_style"}  # the rest: softmax_then_prob
-RULE_CHUNK_LOGITS = 2**27  # the expectations hold p and q in float64 (and a [B·draws, V] temporary): this many logits at a time
+BATCHED_FIELDS = ("draft_tokens", "target_logits", "draft_logits", "target_temperature", "draft_temperature",
+                  "uniforms", "exponential_noise")
+# Requests per chunk of the expectations: each costs (2γ+1)·V·draws float64 values of p, q, gathers and
+# [draws, V] mass temporaries; a chunk holds at most this many.
+RULE_CHUNK_LOGITS = 2**27
 EXPECTED_SAMPLES = 512  # draft sequences per point behind each expected length: 512 draws per request at b = 1
 _LENGTHS: dict[LogitsConfig, dict[str, float]] = {}  # one computation per point, shared by its cold and warm rows
 
@@ -59,9 +64,6 @@ def _expected_lengths(cfg: LogitsConfig, workload) -> dict[str, float]:
         _LENGTHS[cfg] = {rule: total / cfg.batch_size for rule, total in totals.items()}
     return _LENGTHS[cfg]
 
-
-BATCHED_FIELDS = ("draft_tokens", "target_logits", "draft_logits", "target_temperature", "draft_temperature",
-                  "uniforms", "exponential_noise")
 
 
 def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: float, views=("gpu",),
@@ -115,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="bandwidth of the floor, TB/s (default: the copy ceiling measured at the start)")
     parser.add_argument("--gpu-iters", type=int, default=20, help="CUPTI-timed calls per design and point")
     parser.add_argument("--no-means", action="store_true", help="skip the expected accepted length per rule")
+    parser.add_argument("--lengths-only", action="store_true",
+                        help="only the expected accepted length per rule at each point (no timing)")
     parser.add_argument("--views", default="gpu", help="comma list of gpu, graph, wall")
     parser.add_argument("--rule", default="token", choices=("token", "block"),
                         help="acceptance rule timed (block: fused_logits and torch_eager; the peers give their reason)")
@@ -129,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     grid = [cfg for cfg in benchmark_grid(rule=args.rule)
             if (not args.quick or (cfg.batch_size, cfg.gamma, cfg.vocab_size) == (32, 8, 128256))
             and keep(cfg.batch_size, args.b) and keep(cfg.gamma, args.gamma) and keep(cfg.vocab_size, args.vocab)]
+    if args.lengths_only:
+        return _write_lengths(grid, args.out)
     if args.tbps is None:
         from sdbench.commands.calibrate_tau import measure_copy_bandwidth_gbps
 
@@ -147,6 +153,24 @@ def main(argv: list[str] | None = None) -> int:
     fields = list(dict.fromkeys(key for row in rows for key in row))
     with open(args.out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return 0
+
+
+def _write_lengths(grid: list[LogitsConfig], out: str, device: str = "cuda") -> int:
+    rows = []
+    for cfg in grid:
+        lengths = _expected_lengths(cfg, make_logits_workload(cfg, device))
+        rows.append(dict(batch=cfg.batch_size, gamma=cfg.gamma, vocab=cfg.vocab_size, dtype=cfg.logits_dtype,
+                         draws_per_request=-(-EXPECTED_SAMPLES // cfg.batch_size),
+                         expected_length_token=round(lengths["token"], 4),
+                         expected_length_block=round(lengths["block"], 4)))
+        print(rows[-1], file=sys.stderr)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    with open(out, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     return 0

@@ -11,11 +11,12 @@ float32 rounding, see reference.py):
      row (target rows 0..γ, then draft rows 0..γ-1) in STATS_TILE-column steps, each lane of the tile
      keeping its own online max and Σexp(z - max) (one exp per logit, no reduction inside the loop) and
      (greedy rows) the first argmax of z = logits·(1/T). Writes one partial (max, sumexp, argmax)
-     per program. Every logit is read once: this is the floor, and the kernel is a pure stream.
-     splits is chosen so B·(2γ+1)·splits fills the machine; at B·(2γ+1) >= 4·SMs it is 1.
-  2. `_logits_race_kernel`, grid (B, chunks), the prob `fused` sampler's shape (at large B·chunks a
-     program takes several chunks, `race_steps`): program (b, c) combines its sequence's (2γ+1)·splits partials (L2-resident, a few KB), gathers the 2γ logits at
-     the draft tokens, runs the accept scan to k, then reads its chunk of target row k and draft row
+     per program, and the last program of each row combines the row's partials into one (max, sumexp,
+     argmax) per row. Every logit is read once: this is the floor, and the kernel is a pure stream.
+     splits is chosen so B·(2γ+1)·splits fills the machine; at B·(2γ+1) >= 16·SMs it is 1.
+  2. `_logits_race_kernel`, grid (B, programs), the prob `fused` sampler's shape (at large B a program
+     takes several chunks, `race_steps`): program (b, c) reads its sequence's 2γ+1 row stats (L2),
+     gathers the 2γ logits at the draft tokens, runs the accept scan to k, then reads its chunk of target row k and draft row
      k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with the row-k
      normalisers, and folds its best race key w/E into best[b] with a 64-bit atomic max; the last
      program to arrive writes the outputs (greedy targets skip the row: next = argmax of row k).
@@ -117,7 +118,8 @@ def _row_stats_kernel(
     into the exponent's multiply); the stored max is max(x)·(1/T), the same float as max(x·(1/T)),
     since rounding a product by a positive number is monotonic. Lanes start at -FLT_MAX, not -inf, so a
     masked or -inf logit adds exp2(-inf) = 0 and never NaN (a span of -inf logits leaves s = 0). The next
-    tile is loaded before this one is folded in (two tiles in flight per program).
+    tile is loaded before this one is folded in (two tiles in flight per program). Registers: the lanes'
+    m, s and (greedy rows) argmax, and two tiles of logits: 8 + 8 + 8 + 2·8 per thread at 4 warps.
     COMBINE (fused_logits): the row's last program to arrive (arrivals_ptr, int32 per row, left zeroed)
     combines the row's `splits` partials into row_*_ptr[row] (one program per row writes there directly),
     so the race reads 2γ+1 numbers per sequence, not (2γ+1)·splits in every one of its programs. Without
@@ -148,8 +150,8 @@ def _row_stats_kernel(
         grew = x > m
         e = tl.exp2(-tl.abs(x - m) * scale)
         s = tl.where(grew, s * e + 1.0, s + e)
-        if greedy:
-            arg = tl.where(grew, tile_start - TILE + tl.arange(0, TILE), arg)
+        if greedy:  # the first column of the lane's max; a lane of -FLT_MAX logits never "grows": take its first
+            arg = tl.where(grew | ((arg == NO_INDEX) & (x == m)), tile_start - TILE + tl.arange(0, TILE), arg)
         m = tl.maximum(m, x)
         x = next_x
     row_max = tl.max(m, axis=0)
@@ -157,7 +159,7 @@ def _row_stats_kernel(
     first = tl.full([], NO_INDEX, tl.int32)
     if greedy:  # only greedy rows read their argmax: the others skip a third reduction
         first = tl.min(tl.where(m == row_max, arg, NO_INDEX), axis=0)
-    row_max = tl.where(row_max > LOWEST, row_max * inverse, float("-inf"))
+    row_max = tl.where(total > 0, row_max * inverse, float("-inf"))  # Σ = 0 only when every logit is -inf
     if COMBINE and splits == 1:
         tl.store(row_max_ptr + row, row_max)
         tl.store(row_sum_ptr + row, total)
@@ -342,7 +344,7 @@ def _block_mass_kernel(
     """Block rule, pass 2. Grid (B·(γ-1), mass_splits). Program (row, s), b = row // (γ-1), i = row %
     (γ-1) + 1: its partial of r_i = Σ_x max(0, w_i·p_i(x) - q_i(x)) over columns [s·span, min((s+1)·span,
     V)) of target row i and draft row i, TILE at a time, into mass[row·mass_splits + s]. w_i needs the
-    normalisers of rows 0..i-1 and p_i needs row i's: pass 1's partials (L2), so this is the second
+    normalisers of rows 0..i-1 and p_i needs row i's: pass 1's row stats (L2), so this is the second
     and last full read of the logits the rule needs. The race keys are not computed here (they would
     cost a Philox draw and a division per column of γ-1 rows): pass 3 races at τ only.
     A greedy target row needs no mass and reads nothing: there p ∈ {0, 1} and q <= 1, so every weight is
@@ -397,7 +399,7 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
     """Packed race keys w/E at cols of row k, w = p - q (q := 0 at the bonus row); -1 where w <= 0.
     Supplied randomness computes p and q as the reference does (IEEE division, the precise exp); fast mode,
     whose draws are exact in distribution and never compared bit for bit, uses the hardware exp and one
-    multiply by 1/S (a relative error of a few 1e-7 in w, against ~60 instructions per column saved).
+    multiply by 1/S (a relative error of a few 1e-7 in p and q, against ~60 instructions per column saved).
     SCALED (the block rule): w = target_scale·p - q, target_scale = w_τ below γ and 1 at the bonus row."""
     inside = cols < vocab
     z_t = tl.load(target_row + cols, mask=inside, other=float("-inf")).to(tl.float32) * inverse_t
@@ -474,8 +476,8 @@ def _logits_race_kernel(
 ):
     """Grid (B, chunks); program (b, c) owns STEPS chunks of 4·ROWS columns of the stopping row, columns
     [c·STEPS·4·ROWS, (c+1)·STEPS·4·ROWS): at large B, where the chunks alone would fill the machine many
-    times over, more chunks per program pay the stats combine and the accept scan (a few dependent L2
-    round trips) once for all of them.
+    times over, more chunks per program pay the row-stats loads and the accept scan (a few dependent L2
+    round trips) once for all of them. `chunks` is the number of programs per row (the arrivals to wait for).
     best_ptr (int64 [B]) and arrivals_ptr (int32 [B]) start zeroed and are left zeroed.
     RULE "token": the stop is the first rejection (mass_ptr is not read). RULE "block": the stop τ and
     w_τ from the draft-token ratios and the residual masses at mass_ptr (`_block_scan`), and the race
@@ -699,7 +701,8 @@ def default_row_plan(rows: int, vocab: int, device: torch.device, tile: int = TI
 
 def race_steps(batch: int, chunks: int, device: torch.device) -> int:
     """Chunks per race program: 1 until B·chunks exceeds RACE_PROGRAMS_PER_SM programs per SM, then as
-    many as keep about that many programs (balanced: the last program of a row is not left a sliver)."""
+    many as keep about that many programs (the fewest steps that do: the last program of a row may get fewer
+    chunks, and its steps past V read nothing)."""
     if device.type == "cuda":
         target = RACE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
     else:

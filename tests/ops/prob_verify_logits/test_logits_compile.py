@@ -11,20 +11,27 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-POINTERS_I32 = {"stats_arg_ptr", "row_arg_ptr", "arrivals_ptr"}
+from sdbench.ops.prob_verify.triton_kernels import INTERPRETED  # noqa: E402
+
+pytestmark = pytest.mark.skipif(INTERPRETED, reason="TRITON_INTERPRET=1 replaces the kernels with interpreted functions")
+
+POINTER_TYPES = {  # the dtypes fused_logits_launcher passes (logits: bf16 here); any other *_ptr is float32
+    "target_ptr": "*bf16", "draft_ptr": "*bf16", "draft_tokens_ptr": "*i64", "stats_arg_ptr": "*i32",
+    "row_arg_ptr": "*i32", "arrivals_ptr": "*i32", "accepted_lengths_ptr": "*i64", "next_tokens_ptr": "*i64",
+    "output_tokens_ptr": "*i64", "error_flags_ptr": "*i32", "best_ptr": "*i64", "offsets_ptr": "*i64",
+}
+SCALARS = {"seed": "i64"}  # every other scalar argument: i32
 
 
-def _compile(fn, constexprs: dict, logits: str = "*bf16"):
+def _compile(fn, constexprs: dict):
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in ("target_ptr", "draft_ptr"):
-            signature[name] = logits
         elif name.endswith("_ptr"):
-            signature[name] = "*i32" if name in POINTERS_I32 else "*fp32"
+            signature[name] = POINTER_TYPES.get(name, "*fp32")
         else:
-            signature[name] = "i32"
+            signature[name] = SCALARS.get(name, "i32")
     source = ASTSource(fn=fn, signature=signature,
                        constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()})
     try:
@@ -35,11 +42,30 @@ def _compile(fn, constexprs: dict, logits: str = "*bf16"):
         raise
 
 
-@pytest.mark.parametrize("combine", [True, False])
-@pytest.mark.parametrize("logits", ["*bf16", "*fp32"])
-def test_row_stats_kernel_compiles_for_sm90(combine, logits):
+def _kernels():
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
 
-    compiled = _compile(kernels._row_stats_kernel, {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4},
-                        logits)
+    return kernels
+
+
+@pytest.mark.parametrize("combine", [True, False])
+def test_row_stats_kernel_compiles_for_sm90(combine):
+    kernels = _kernels()
+    compiled = _compile(kernels._row_stats_kernel, {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4})
     assert "_row_stats_kernel" in compiled.asm["ptx"]
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_race_kernel_compiles_for_sm90(rule, fast, steps):
+    kernels = _kernels()
+    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, SPLITS_PAD=1, MASS_PAD=4, ROWS=512, STEPS=steps, PRECISE_MATH=True,
+                FAST=fast, RULE=rule)
+    assert "_logits_race_kernel" in _compile(kernels._logits_race_kernel, pads).asm["ptx"]
+
+
+def test_block_mass_kernel_compiles_for_sm90():
+    kernels = _kernels()
+    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, SPLITS_PAD=1, TILE=2048, PRECISE_MATH=True)
+    assert "_block_mass_kernel" in _compile(kernels._block_mass_kernel, pads).asm["ptx"]

@@ -245,3 +245,21 @@ def test_expected_accepted_lengths_match_the_rules_sampled():
     for rule, (mean, error) in sampled.items():
         assert abs(mean - expected[rule]) < 4.5 * error, (rule, mean, expected[rule], error)
     assert expected["block"] - expected["token"] > 4.5 * max(error for _, error in sampled.values())
+
+
+def test_bench_lengths_only_writes_both_rules_per_point(tmp_path, monkeypatch):
+    import csv
+
+    import sdbench.commands.logits_bench as bench
+
+    monkeypatch.setattr(bench, "_LENGTHS", {})
+    configs = [LogitsConfig(3, 2, vocab_size=40, seed=6), LogitsConfig(2, 4, vocab_size=30, seed=7)]
+    out = tmp_path / "lengths.csv"
+    assert bench._write_lengths(configs, str(out), device="cpu") == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [(int(row["batch"]), int(row["gamma"])) for row in rows] == [(3, 2), (2, 4)]
+    for row, cfg in zip(rows, configs, strict=True):
+        want = bench._LENGTHS[cfg]  # what the timed rows of the same point carry
+        assert float(row["expected_length_token"]) == pytest.approx(want["token"], abs=1e-4)
+        assert float(row["expected_length_block"]) == pytest.approx(want["block"], abs=1e-4)
+        assert 0 <= want["token"] <= cfg.gamma and 0 <= want["block"] <= cfg.gamma

@@ -177,8 +177,9 @@ def _run_cases() -> dict[str, str | None]:
 def _row_stats_failures(kernels) -> str | None:
     """Pass 1 alone, its partials combined here, against float64: the row max (the float32 max of x·(1/T),
     exactly), Σ exp(z - max) (relative 1e-5) and, on greedy rows, the first index of the max (exactly), for
-    1, 3 and 5 splits of each row (1 to 5 tiles per split), unit-scale float32 and bf16 logits, a row whose last 100 logits are -inf (whole
-    splits of them), a row starting with 50 -inf logits, and a tie for the max on a greedy row."""
+    1, 3 and 5 splits of each row (2 to 10 tiles per split), unit-scale float32 and bf16 logits, a row whose
+    last 100 logits are -inf (whole splits of them), a row starting with 50 -inf logits, a tie for the max on a greedy row, and a greedy row
+    whose every logit is the dtype's lowest finite value (-FLT_MAX in float32: the lanes' starting value)."""
     import torch
 
     from sdbench.ops.prob_verify_logits.workload import make_logits_workload
@@ -192,8 +193,9 @@ def _row_stats_failures(kernels) -> str | None:
         draft = torch.randn(w.draft_logits.shape, generator=gen).to(w.draft_logits.dtype)
         target[1, 1, 200:] = float("-inf")
         draft[2, 0, :50] = float("-inf")
-        assert float(w.target_temperature[0]) == 0.0, "request 0 must be greedy for the tie"
+        assert float(w.target_temperature[0]) == float(w.draft_temperature[0]) == 0.0, "request 0 must be greedy"
         target[0, 0, [230, 81, 17]] = target[0, 0].max() + 1  # first index of the max: 17 (81: same lane)
+        draft[0, 1] = torch.finfo(draft.dtype).min  # a greedy row at the type's lowest: max it, argmax 0
         inputs = kernels.LogitsTensors(w.draft_tokens, target, draft, w.target_temperature, w.draft_temperature,
                                        w.uniforms, w.exponential_noise)
         rows = torch.cat([target, draft], dim=1).float()  # [B, 2γ+1, V], pass 1's row order
