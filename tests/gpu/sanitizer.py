@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sdbench import ext
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,3 +41,11 @@ def sanitizer_report(tool: str, extra: list[str], script: str) -> subprocess.Com
     if done.returncode != 0 and extra and "kernel-name" in output and "option" in output.lower():
         done = run_sanitizer(tool, [], script)  # check everything instead
     return done
+
+
+def assert_sanitizer_clean(tool: str, script: str, extra: list[str] | tuple[str, ...] = ()) -> None:
+    """The GPU test files' check: `script` under `tool` exits 0 (skipped, with the reason, without the tool)."""
+    if find_sanitizer() is None:
+        pytest.skip("compute-sanitizer not found")
+    done = sanitizer_report(tool, list(extra), script)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
