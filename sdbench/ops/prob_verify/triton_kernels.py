@@ -582,10 +582,10 @@ def fused_plan(batch: int, vocab: int, target_programs: int, chunk_min: int | No
     return FusedPlan(chunk=chunk, splits=triton.cdiv(vocab, chunk), num_warps=warps)
 
 
-def default_fused_plan(batch: int, vocab: int, device: torch.device) -> FusedPlan:
+def default_fused_plan(batch: int, vocab: int, device: torch.device, chunk_max: int = CHUNK_MAX) -> FusedPlan:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return fused_plan(batch, vocab, max(1, int(FUSED_PROGRAMS_PER_SM * sms)))
+        return fused_plan(batch, vocab, max(1, int(FUSED_PROGRAMS_PER_SM * sms)), chunk_max=chunk_max)
     return fused_plan(batch, vocab, 4 * batch)  # the interpreter: a few splits, to exercise the combine
 
 

@@ -14,9 +14,12 @@ float32 rounding, see reference.py):
      per program, and the last program of each row combines the row's partials into one (max, sumexp,
      argmax) per row. Every logit is read once: this is the floor, and the kernel is a pure stream.
      splits is chosen so B·(2γ+1)·splits fills the machine; at B·(2γ+1) >= 16·SMs it is 1.
+     When the race fills the machine (`default_scan_in_pass_one`), the sequence's last combined row
+     also runs the accept scan once and writes k (SCAN).
   2. `_logits_race_kernel`, grid (B, programs), the prob `fused` sampler's shape (at large B a program
-     takes several chunks, `race_steps`): program (b, c) reads its sequence's 2γ+1 row stats (L2),
-     gathers the 2γ logits at the draft tokens, runs the accept scan to k, then reads its chunk of target row k and draft row
+     takes several chunks of at most RACE_CHUNK_MAX columns, `race_steps`): program (b, c) reads its
+     sequence's 2γ+1 row stats (L2) and k (SCANNED), or gathers the 2γ logits at the draft tokens and
+     runs the accept scan to k itself, then reads its chunk of target row k and draft row
      k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with the row-k
      normalisers, and folds its best race key w/E into best[b] with a 64-bit atomic max; the last
      program to arrive writes the outputs (greedy targets skip the row: next = argmax of row k).
@@ -84,6 +87,8 @@ LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: pass 1's empty lane (
 LOG2E = tl.constexpr(1.4426950408889634)
 TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_contract
 RACE_PROGRAMS_PER_SM = 16  # the race's programs beyond this run several chunks each (race_steps)
+RACE_CHUNK_MAX = 1024  # race columns per step: 8 per thread at 4 warps (2048: 124 registers, 1.5x slower at b=512)
+STATS_MIN_TILES = 4  # pass-1 span once the rows' tiles exceed a wave: per-program fixed costs amortised
 RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
 
 
@@ -103,12 +108,15 @@ def _inverse_temperature(temperature):
 
 
 # --- pass 1: per-row (max, Σexp, argmax) partials -----------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _row_stats_kernel(
     target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
     row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr,
-    vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+    draft_tokens_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr,
+    seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Grid (B·(2γ+1), splits). Program (row, s): columns [s·span, min((s+1)·span, V)) of one row, TILE
     at a time, each lane of the tile keeping its own running max m and Σexp(z - m) (and, on a greedy row,
@@ -123,7 +131,10 @@ def _row_stats_kernel(
     COMBINE (fused_logits): the row's last program to arrive (arrivals_ptr, int32 per row, left zeroed)
     combines the row's `splits` partials into row_*_ptr[row] (one program per row writes there directly),
     so the race reads 2γ+1 numbers per sequence, not (2γ+1)·splits in every one of its programs. Without
-    it (vllm_v2_style, whose scan kernel combines the blocks once) the partials are the output."""
+    it (vllm_v2_style, whose scan kernel combines the blocks once) the partials are the output.
+    SCAN (fused_logits, token rule; needs COMBINE): the sequence's last row to be combined (a second arrival
+    counter, per sequence) runs the accept scan once for the sequence (`_scan_in_pass_one`), so the race's
+    programs start from k instead of each gathering 2γ logits and scanning."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     b = (row // (2 * GAMMA + 1)).to(tl.int64)
@@ -164,6 +175,11 @@ def _row_stats_kernel(
         tl.store(row_max_ptr + row, row_max)
         tl.store(row_sum_ptr + row, total)
         tl.store(row_arg_ptr + row, first)
+        if SCAN:
+            _scan_in_pass_one(row_max_ptr, row_sum_ptr, row_arg_ptr, draft_tokens_ptr, target_ptr, draft_ptr,
+                              target_temp_ptr, draft_temp_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr,
+                              stop_ptr, error_flags_ptr, b, seed, vocab, stride_tok_b, stride_p_b, stride_p_row,
+                              stride_q_b, stride_q_row, stride_u_b, GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
     else:
         out = row * splits + split
         tl.store(stats_max_ptr + out, row_max)
@@ -185,6 +201,42 @@ def _row_stats_kernel(
                 tl.store(row_arg_ptr + row, tl.min(tl.where(valid & (part_max == combined_max), part_arg, NO_INDEX),
                                                    axis=0))
                 tl.store(arrivals_ptr + row, 0)  # every program of the row has arrived: the next launch starts clean
+                if SCAN:
+                    _scan_in_pass_one(row_max_ptr, row_sum_ptr, row_arg_ptr, draft_tokens_ptr, target_ptr, draft_ptr,
+                                      target_temp_ptr, draft_temp_ptr, uniforms_ptr, offsets_ptr,
+                                      sequence_arrivals_ptr, stop_ptr, error_flags_ptr, b, seed, vocab, stride_tok_b,
+                                      stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+                                      GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+
+
+@triton.jit
+def _scan_in_pass_one(row_max_ptr, row_sum_ptr, row_arg_ptr, draft_tokens_ptr, target_ptr, draft_ptr,
+                      target_temp_ptr, draft_temp_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr,
+                      error_flags_ptr, b, seed, vocab, stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
+                      stride_q_row, stride_u_b, GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
+                      PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
+    """Called by the program that wrote a row's combined stats: the sequence's last such row (of 2γ+1;
+    release/acquire on sequence_arrivals_ptr, int32 [B], left zeroed) runs the accept scan and writes the
+    stop k (stop_ptr, int32 [B]) and the sequence's error flag. Fast mode reads the Philox offset the race
+    reads (the race's last arrival advances it), so both draw the same accept uniforms."""
+    if tl.atomic_add(sequence_arrivals_ptr + b, 1, sem="acq_rel") == 2 * GAMMA:
+        rows = tl.arange(0, R_PAD)
+        valid = rows < 2 * GAMMA + 1
+        first_row = b * (2 * GAMMA + 1)
+        # .cg: other programs wrote these rows in this launch; read them from L2, not a stale L1 line
+        row_max = tl.load(row_max_ptr + first_row + rows, mask=valid, other=float("-inf"), cache_modifier=".cg")
+        row_sum = tl.load(row_sum_ptr + first_row + rows, mask=valid, other=0.0, cache_modifier=".cg")
+        row_arg = tl.load(row_arg_ptr + first_row + rows, mask=valid, other=NO_INDEX, cache_modifier=".cg")
+        temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
+        offset = _philox_offset(offsets_ptr, b, FAST)
+        k, _, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum,
+                                 row_arg, _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
+                                 temperature_t == 0, temperature_d == 0, seed, offset, stride_tok_b, stride_p_b,
+                                 stride_p_row, stride_q_b, stride_q_row, stride_u_b, GAMMA, GAMMA_PAD, R_PAD,
+                                 PRECISE_MATH, FAST)
+        tl.store(stop_ptr + b, k)
+        tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
+        tl.store(sequence_arrivals_ptr + b, 0)
 
 
 @triton.jit
@@ -466,22 +518,27 @@ def _philox_offset(offsets_ptr, b, FAST: tl.constexpr):
 @triton.jit(do_not_specialize=["seed"])
 def _logits_race_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
-    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr,
+    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-    seed, vocab, splits, mass_splits, chunks,
+    seed, vocab, mass_splits, chunks,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
-    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
-    FAST: tl.constexpr, RULE: tl.constexpr,
+    FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr,
 ):
     """Grid (B, chunks); program (b, c) owns STEPS chunks of 4·ROWS columns of the stopping row, columns
     [c·STEPS·4·ROWS, (c+1)·STEPS·4·ROWS): at large B, where the chunks alone would fill the machine many
-    times over, more chunks per program pay the row-stats loads and the accept scan (a few dependent L2
-    round trips) once for all of them. `chunks` is the number of programs per row (the arrivals to wait for).
+    times over, more chunks per program pay the stop's loads once for all of them. `chunks` is the number
+    of programs per row (the arrivals to wait for). stats_*_ptr hold one (max, Σexp, argmax) per logits row.
     best_ptr (int64 [B]) and arrivals_ptr (int32 [B]) start zeroed and are left zeroed.
-    RULE "token": the stop is the first rejection (mass_ptr is not read). RULE "block": the stop τ and
-    w_τ from the draft-token ratios and the residual masses at mass_ptr (`_block_scan`), and the race
-    over max(0, w_τ·p_τ - q_τ). A constexpr: the token path compiles as if the block rule did not exist.
+    RULE "token": the stop is the first rejection k. SCANNED (token rule; fused_logits_launcher's choice by
+    batch size): pass 1 ran the accept scan and left k at stop_ptr and the error flag written, so a program
+    loads k beside the rows' stats (one L2 round trip; the vLLM-style resample needs two, k then row k's
+    stats) instead of gathering 2γ logits and scanning; otherwise every program scans (at small B, where the
+    machine has room for the redundant scans and pass 1's tail would add the scan's latency to the step).
+    RULE "block": the stop τ and w_τ from the draft-token ratios and the residual masses at mass_ptr
+    (`_block_scan`, every program), and the race over max(0, w_τ·p_τ - q_τ). Constexprs: each path
+    compiles only its own code.
     Fast mode draws at the Philox offset offsets_ptr[b] (int64 [B]), which the last arrival advances by one,
     as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work."""
     b = tl.program_id(0).to(tl.int64)
@@ -491,20 +548,24 @@ def _logits_race_kernel(
     temperature_d = tl.load(draft_temp_ptr + b)
     greedy_t, greedy_d = temperature_t == 0, temperature_d == 0
     inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
-    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
-                                                GAMMA, R_PAD, SPLITS_PAD)
-    if RULE == "block":
+    # every row's stats at once, independent of the stop (one L2 round trip beside the stop's, not after it)
+    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, 1, GAMMA, R_PAD, 1)
+    if SCANNED:  # token rule, pass 1 ran the scan
+        k = tl.load(stop_ptr + b)
+        target_scale = 1.0
+    elif RULE == "block":
         k, tokens, bad, stop_weight = _block_scan(
             draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, mass_ptr, b, vocab, mass_splits, row_max,
             row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
             stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
             GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, PRECISE_MATH, FAST)
+        target_scale = tl.where(k < GAMMA, stop_weight, 1.0)
     else:
         k, tokens, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max,
                                       row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
                                       stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
                                       GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
-        stop_weight = 1.0
+        target_scale = 1.0
     has_draft = k < GAMMA
     draft_k = tl.minimum(k, GAMMA - 1)
     max_t, sum_t = _pick(row_max, k, R_PAD), _pick(row_sum, k, R_PAD)
@@ -513,7 +574,6 @@ def _logits_race_kernel(
         draft_row = draft_ptr + b * stride_q_b + draft_k * stride_q_row
         max_d, sum_d = _pick(row_max, draft_k + GAMMA + 1, R_PAD), _pick(row_sum, draft_k + GAMMA + 1, R_PAD)
         arg_d = _pick(row_arg, draft_k + GAMMA + 1, R_PAD)
-        target_scale = tl.where(has_draft, stop_weight, 1.0)
         best = tl.full([ROWS, 4], -1, tl.int64)  # below every positive key; a max <= 0 means "no w > 0"
         for step in range(STEPS):
             start = (tl.program_id(1) * STEPS + step) * (4 * ROWS)
@@ -534,9 +594,14 @@ def _logits_race_kernel(
                 winner = _target_race(target_row, noise_row, b, vocab, inverse_t, max_t, sum_t, seed, offset,
                                       ROWS, PRECISE_MATH, FAST)
             next_token = _token_of(winner)
+        if SCANNED:  # pass 1 wrote the flag with k
+            positions = tl.arange(0, GAMMA_PAD)
+            tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=positions < GAMMA,
+                             other=0).to(tl.int64)
+        else:
+            tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
         _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
                    GAMMA, GAMMA_PAD)
-        tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
         _release(arrivals_ptr, offsets_ptr, b, offset, FAST)
 
 
@@ -679,23 +744,31 @@ class StatsPlan:
     splits: int
 
 
-def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE) -> StatsPlan:
-    """Enough splits per row that rows·splits >= target_programs (1 when the rows alone fill it)."""
+def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE, min_tiles: int = 1) -> StatsPlan:
+    """About target_programs programs over the rows, in equal spans: one tile per program when every
+    tile of every row fits that; otherwise ⌈tiles / wanted⌉ tiles (rounded up, so the splits are balanced
+    and never more than wanted = ⌈target_programs / rows⌉), and at least min_tiles."""
     tiles = triton.cdiv(vocab, tile)
-    wanted = max(1, min(tiles, triton.cdiv(target_programs, rows)))
-    span = max(1, tiles // wanted) * tile  # round the span down: at least `wanted` splits
-    return StatsPlan(span=span, splits=triton.cdiv(vocab, span))
+    if rows * tiles <= target_programs:
+        span_tiles = 1
+    else:
+        wanted = max(1, min(tiles, triton.cdiv(target_programs, rows)))
+        span_tiles = max(triton.cdiv(tiles, wanted), min(min_tiles, tiles))
+    return StatsPlan(span=span_tiles * tile, splits=triton.cdiv(tiles, span_tiles))
 
 
 def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device) -> StatsPlan:
-    return default_row_plan(batch * (2 * gamma + 1), vocab, device, tile=STATS_TILE)
+    """Pass 1's split. Measured on the H200 (b=1, γ=16, V=128256 bf16, cold): one tile per program gave
+    4158 programs, two waves, and each program's fixed costs (the lane combine, the arrival atomic) over
+    one tile's stream: 14.3 µs; at least STATS_MIN_TILES tiles per program: 7.9 µs."""
+    return default_row_plan(batch * (2 * gamma + 1), vocab, device, tile=STATS_TILE, min_tiles=STATS_MIN_TILES)
 
 
-def default_row_plan(rows: int, vocab: int, device: torch.device, tile: int = TILE) -> StatsPlan:
+def default_row_plan(rows: int, vocab: int, device: torch.device, tile: int = TILE, min_tiles: int = 1) -> StatsPlan:
     """The split of `rows` streamed rows (pass 1's logits rows, the block rule's row pairs) that fills the machine."""
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return stats_plan(rows, vocab, STATS_PROGRAMS_PER_SM * sms, tile)
+        return stats_plan(rows, vocab, STATS_PROGRAMS_PER_SM * sms, tile, min_tiles)
     return stats_plan(rows, vocab, 3 * rows, tile)  # the interpreter: a few splits, to exercise the combine
 
 
@@ -711,6 +784,46 @@ def race_steps(batch: int, chunks: int, device: torch.device) -> int:
     return triton.cdiv(chunks, triton.cdiv(chunks, steps))
 
 
+@dataclass(frozen=True)
+class RacePlan:
+    """How the race pass covers each sequence's stopping row: `programs` programs of `steps` steps of
+    4·`rows` columns each."""
+
+    rows: int
+    steps: int
+    programs: int
+    num_warps: int
+
+
+def default_race_plan(batch: int, vocab: int, device: torch.device) -> RacePlan:
+    """The prob sampler's chunk choice (small chunks at small B, for latency) capped at RACE_CHUNK_MAX
+    columns a step, then race_steps steps a program."""
+    if device.type == "cuda":
+        race = default_fused_plan(batch, vocab, device, chunk_max=RACE_CHUNK_MAX)
+    else:
+        race = default_fused_plan(batch, vocab, device)
+    steps = race_steps(batch, race.splits, device)
+    return RacePlan(rows=race.rows, steps=steps, programs=triton.cdiv(race.splits, steps), num_warps=race.num_warps)
+
+
+def default_scan_in_pass_one(batch: int, gamma: int, race: RacePlan, device: torch.device) -> bool:
+    """Where the token rule's accept scan runs. In the race, every program of a sequence repeats it (a
+    chain of dependent loads: row stats, draft tokens, 2γ gathered logits); in pass 1 it runs once per
+    sequence, for one more arrival per logits row. The repeats cost throughput only when the race fills
+    the machine (B·programs >= RACE_PROGRAMS_PER_SM per SM; below that they run beside each other and pass
+    1's tail would add the scan's latency to the step: b=1, γ=16, V=128256 bf16, 12.8 against 17.3 µs), and
+    they outweigh the extra arrivals only when they are at least a quarter as many as the rows (b=512,
+    γ=16, V=128256 bf16: 5 programs against 33 rows a sequence, 1375 µs with the scan in the race against
+    1408 in pass 1; b=512, γ=8, V=128256 fp32: 5 against 17, 1224 µs in pass 1 against 1267 in the race).
+    Fitted to eleven points on the H200; it misses two, by at most 3 µs (docs/perf-notes.md, "From
+    logits, session 6")."""
+    if device.type == "cuda":
+        full = RACE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        full = 2 * batch  # the interpreter: the rule's shape, at the interpreter's race plan
+    return batch * race.programs >= full and 4 * race.programs >= 2 * gamma + 1
+
+
 def _precise_math(device: torch.device) -> bool:
     return device.type == "cuda" and not INTERPRETED
 
@@ -722,39 +835,56 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
 
 
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int = STATS_TILE,
-                  combined: tuple[torch.Tensor, ...] | None = None):
+                  combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
-    each row's last program also combines its partials there (COMBINE)."""
+    each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
+    `_scan_in_pass_one`'s tensors: offsets, sequence_arrivals, stop, error_flags; and fast, seed) the
+    sequence's last combined row also runs the accept scan (SCAN)."""
     batch, gamma, vocab = t.shape
     combine = combined is not None
+    device = t.draft_tokens.device
+    if scan is None:  # no scan: the kernel never reads these; any int tensor of the device stands in
+        stand_in = stats[2]
+        scan_tensors, fast, seed = (stand_in,) * 4, False, 0
+    else:
+        scan_tensors = (scan["offsets"], scan["sequence_arrivals"], scan["stop"], scan["error_flags"])
+        fast, seed = scan["fast"], scan["seed"]
     args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
-            *(combined if combine else stats + (stats[2],)), vocab, plan.span, plan.splits,
-            t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1))
+            *(combined if combine else stats + (stats[2],)), t.draft_tokens, t.uniforms, *scan_tensors, seed,
+            vocab, plan.span, plan.splits, t.target_logits.stride(0), t.target_logits.stride(1),
+            t.draft_logits.stride(0), t.draft_logits.stride(1), t.draft_tokens.stride(0), t.uniforms.stride(0))
     meta = dict(GAMMA=gamma, TILE=tile, COMBINE=combine, SPLITS_PAD=triton.next_power_of_2(plan.splits),
+                SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
+                R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
                 num_warps=STATS_WARPS if not INTERPRETED else 1)
-    return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, t.draft_tokens.device)
+    return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
 
 def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int = 0,
                           offset: int = 0, stats_plan_: StatsPlan | None = None, rule: str = "token",
-                          mass_plan: StatsPlan | None = None):
+                          mass_plan: StatsPlan | None = None, race_plan: RacePlan | None = None,
+                          stats_tile: int = STATS_TILE, scan_in_pass_one: bool | None = None):
     """Two launches (stats, race) into outputs; the block rule adds the residual-mass pass between them
     when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here, once."""
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device)
-    race = default_fused_plan(batch, vocab, device)
-    steps = race_steps(batch, race.splits, device)
-    race_programs = triton.cdiv(race.splits, steps)
+    race = race_plan or default_race_plan(batch, vocab, device)
     partials = allocate_stats(batch, gamma, plan.splits, device)
     stats = allocate_stats(batch, gamma, 1, device)  # each row's partials combined by its last pass-1 program
     row_arrivals = torch.zeros(batch * (2 * gamma + 1), dtype=torch.int32, device=device)
     best = torch.zeros(batch, dtype=torch.int64, device=device)
     arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
+    sequence_arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
+    stop = torch.empty(batch, dtype=torch.int32, device=device)
     offsets = philox_offsets(batch, offset, device)  # fast mode advances them on the device, call by call
-    launches = [_stats_launch(t, partials, plan, combined=stats + (row_arrivals,))]
+    if scan_in_pass_one is None:
+        scan_in_pass_one = default_scan_in_pass_one(batch, gamma, race, device)
+    scan = None if rule == "block" or not scan_in_pass_one else dict(offsets=offsets, sequence_arrivals=sequence_arrivals, stop=stop,
+                                             error_flags=outputs["error_flags"], fast=fast, seed=seed)
+    launches = [_stats_launch(t, partials, plan, tile=stats_tile, combined=stats + (row_arrivals,), scan=scan)]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
-                SPLITS_PAD=1, PRECISE_MATH=_precise_math(device))
+                PRECISE_MATH=_precise_math(device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
     mass_plan = mass_plan or (default_row_plan(mass_rows, vocab, device) if mass_rows else StatsPlan(span=vocab, splits=1))
     mass = torch.empty(max(1, mass_rows * mass_plan.splits), dtype=torch.float32, device=device)
@@ -763,25 +893,25 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                      mass, vocab, 1, mass_plan.span, mass_plan.splits, t.draft_tokens.stride(0),
                      t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
                      t.draft_logits.stride(1))
-        mass_meta = dict(pads, TILE=TILE, num_warps=STATS_WARPS if not INTERPRETED else 1)
+        mass_meta = dict(pads, SPLITS_PAD=1, TILE=TILE, num_warps=STATS_WARPS if not INTERPRETED else 1)
         launches.append(BoundLaunch(_block_mass_kernel, (mass_rows, mass_plan.splits), mass_args, mass_meta, device))
     args = (
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
-        t.exponential_noise, *stats, mass, outputs["accepted_lengths"], outputs["next_tokens"],
-        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, seed, vocab, 1,
-        mass_plan.splits, race_programs, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
+        t.exponential_noise, *stats, mass, stop, outputs["accepted_lengths"], outputs["next_tokens"],
+        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, seed, vocab,
+        mass_plan.splits, race.programs, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
         t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0),
         outputs["output_tokens"].stride(0),
     )
-    meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=steps, FAST=fast,
-                RULE=rule, num_warps=race.num_warps)
-    launches.append(BoundLaunch(_logits_race_kernel, (batch, race_programs), args, meta, device))
+    meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=race.steps, FAST=fast,
+                RULE=rule, SCANNED=scan is not None, num_warps=race.num_warps)
+    launches.append(BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device))
 
     def launch() -> None:
         for step in launches:
             step()
 
-    launch.scratch = (best, arrivals, row_arrivals)  # tests check they are left zeroed
+    launch.scratch = (best, arrivals, row_arrivals, sequence_arrivals)  # tests check they are left zeroed
     launch.philox_offsets = offsets
     return launch
 

@@ -19,6 +19,7 @@ POINTER_TYPES = {  # the dtypes fused_logits_launcher passes (logits: bf16 here)
     "target_ptr": "*bf16", "draft_ptr": "*bf16", "draft_tokens_ptr": "*i64", "stats_arg_ptr": "*i32",
     "row_arg_ptr": "*i32", "arrivals_ptr": "*i32", "accepted_lengths_ptr": "*i64", "next_tokens_ptr": "*i64",
     "output_tokens_ptr": "*i64", "error_flags_ptr": "*i32", "best_ptr": "*i64", "offsets_ptr": "*i64",
+    "stop_ptr": "*i32", "sequence_arrivals_ptr": "*i32",
 }
 SCALARS = {"seed": "i64"}  # every other scalar argument: i32
 
@@ -48,20 +49,22 @@ def _kernels():
     return kernels
 
 
-@pytest.mark.parametrize("combine", [True, False])
-def test_row_stats_kernel_compiles_for_sm90(combine):
+@pytest.mark.parametrize("combine,scan", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize("fast", [True, False])
+def test_row_stats_kernel_compiles_for_sm90(combine, scan, fast):
     kernels = _kernels()
-    compiled = _compile(kernels._row_stats_kernel, {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4})
-    assert "_row_stats_kernel" in compiled.asm["ptx"]
+    constexprs = {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4, "SCAN": scan, "GAMMA_PAD": 8,
+                  "R_PAD": 32, "PRECISE_MATH": True, "FAST": fast}
+    assert "_row_stats_kernel" in _compile(kernels._row_stats_kernel, constexprs).asm["ptx"]
 
 
-@pytest.mark.parametrize("rule", ["token", "block"])
+@pytest.mark.parametrize("rule,scanned", [("token", False), ("token", True), ("block", False)])
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("steps", [1, 3])
-def test_race_kernel_compiles_for_sm90(rule, fast, steps):
+def test_race_kernel_compiles_for_sm90(rule, scanned, fast, steps):
     kernels = _kernels()
-    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, SPLITS_PAD=1, MASS_PAD=4, ROWS=512, STEPS=steps, PRECISE_MATH=True,
-                FAST=fast, RULE=rule)
+    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
+                FAST=fast, RULE=rule, SCANNED=scanned)
     assert "_logits_race_kernel" in _compile(kernels._logits_race_kernel, pads).asm["ptx"]
 
 

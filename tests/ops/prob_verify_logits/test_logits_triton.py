@@ -100,6 +100,8 @@ def _run_cases() -> dict[str, str | None]:
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.checks import check
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
+    from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE
+    from sdbench.ops.prob_verify_logits import reference
     from sdbench.ops.prob_verify_logits.workload import make_logits_workload
 
     verdicts: dict[str, str | None] = {}
@@ -134,35 +136,55 @@ def _run_cases() -> dict[str, str | None]:
         inputs = kernels.LogitsTensors(fast.draft_tokens, fast.target_logits, fast.draft_logits,
                                        fast.target_temperature, fast.draft_temperature, fast.uniforms,
                                        fast.exponential_noise)
-        launch = kernels.fused_logits_launcher(inputs, allocate_outputs(fast), fast=True, seed=7, offset=3)
-        launch()
-        launch()
-        clean = not any(counter.any() for counter in launch.scratch)
-        return None if clean else f"scratch not reset: {launch.scratch}"
+        peer = snapshot(vllm.prepare(fast))  # the first call's draws
+        for scan in (False, True):  # fast mode: the scan in pass 1 draws the race's accept uniforms
+            outputs = allocate_outputs(fast)
+            launch = kernels.fused_logits_launcher(inputs, outputs, fast=True, seed=fast.seed, offset=fast.offset,
+                                                   scan_in_pass_one=scan)
+            launch()
+            if not torch.equal(outputs["output_tokens"], peer["output_tokens"]):
+                return f"scan in pass 1 {scan}: {outputs['output_tokens'].tolist()} != vllm's {peer['output_tokens'].tolist()}"
+            launch()
+            if any(counter.any() for counter in launch.scratch):
+                return f"scan in pass 1 {scan}: scratch not reset: {launch.scratch}"
+        return None
 
     def plan_covers():
         failures = []
-        for rows, vocab, target in ((9, 32000, 528), (33, 151936, 528), (16896, 151936, 528), (3, 7, 100), (1, 64, 1)):
-            plan = kernels.stats_plan(rows, vocab, target, tile=2048)
+        for rows, vocab, target, min_tiles in ((9, 32000, 528, 1), (33, 151936, 528, 1), (16896, 151936, 528, 1),
+                                               (3, 7, 100, 1), (1, 64, 1, 1), (33, 128256, 2112, 4),
+                                               (9, 32000, 2112, 4), (544, 128256, 2112, 4), (2, 4096, 1, 4)):
+            plan = kernels.stats_plan(rows, vocab, target, tile=2048, min_tiles=min_tiles)
+            tiles = -(-vocab // 2048)
+            wanted = max(1, min(tiles, -(-target // rows)))
             ok = (plan.span % 2048 == 0 and (plan.splits - 1) * plan.span < vocab <= plan.splits * plan.span
-                  and (rows * plan.splits >= target or plan.span == 2048))
+                  and (plan.span == 2048 if rows * tiles <= target
+                       else plan.splits <= wanted and plan.span >= 2048 * min(min_tiles, tiles)))
             if not ok:
-                failures.append((rows, vocab, target, plan))
+                failures.append((rows, vocab, target, min_tiles, plan))
         return None if not failures else f"stats plan violated: {failures}"
 
     def any_split():
-        """Pass 1's split of each row changes the partials, never the tokens (supplied randomness)."""
+        """Pass 1's split of each row, and where the accept scan runs (pass 1 or every race program), change
+        the partials, never the outputs (supplied randomness); both scans equal the reference."""
         w = make_logits_workload(LogitsConfig(3, 2, vocab_size=300, seed=9))
+        w.draft_tokens[1, 1] = 300  # a bad id: its flag comes from whichever kernel scans
         inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                        w.draft_temperature, w.uniforms, w.exponential_noise)
-        seen = []
+        want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                            w.draft_temperature, w.uniforms, w.exponential_noise)
+        failures = []
         for span in (64, 128, 320):
-            outputs = allocate_outputs(w)
-            plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
-            kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan)()
-            seen.append(outputs["output_tokens"].clone())
-        same = all(torch.equal(tokens, seen[0]) for tokens in seen)
-        return None if same else f"tokens differ by split: {seen}"
+            for scan in (False, True):
+                outputs = allocate_outputs(w)
+                plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
+                kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan, scan_in_pass_one=scan)()
+                if not (torch.equal(outputs["output_tokens"], want["output_tokens"])
+                        and torch.equal(outputs["accepted_lengths"], want["accepted_lengths"])
+                        and outputs["error_flags"].tolist() == [0, TOKEN_OUT_OF_RANGE, 0]):
+                    failures.append(f"span {span} scan in pass 1 {scan}: {outputs['output_tokens'].tolist()} "
+                                    f"flags {outputs['error_flags'].tolist()} != {want['output_tokens'].tolist()}")
+        return "; ".join(failures) or None
 
     def vllm_advances():
         return fast_mode_advances(vllm, fast, snapshot)

@@ -1,0 +1,127 @@
+"""GPU time per kernel of the from-logits designs (issue #18), with fused_logits' plans as variants.
+
+    python -m sdbench.commands.logits_kernels --points 32:8:128256:bf16,512:4:32000:fp32 \
+        --variants default,noscan,scan,vllm --out kernels.json
+
+A point is batch:γ:V:dtype (bf16 or fp32). A variant is `vllm` (vllm_v2_style) or fused_logits with
+'+'-joined changes to its default plans: `scan` / `noscan` (where the token rule's accept scan runs),
+`span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM, spans rounded up),
+`r<ROWS>x<N>` (race: 4·ROWS columns a step, about N programs per SM); `default` changes nothing.
+Each (point, variant, L2) prints one line: the kernels' CUPTI durations, each the median over the timed
+calls times its launches per call, fast randomness. The rows are written as JSON (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+
+import torch
+import triton
+
+from sdbench.measure.timing import l2_flush
+from sdbench.ops.prob_verify_logits import triton_kernels as tk
+from sdbench.ops.prob_verify_logits.common import allocate_outputs
+from sdbench.ops.prob_verify_logits.workload import LogitsConfig, logits_read_floor_bytes, make_logits_workload
+
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def _inputs(w) -> tk.LogitsTensors:
+    return tk.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                            w.draft_temperature, w.uniforms, w.exponential_noise)
+
+
+def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int) -> dict:
+    """fused_logits_launcher keyword arguments for a variant's '+'-joined changes."""
+    changes: dict = {}
+    rows = batch * (2 * gamma + 1)
+    for part in variant.split("+"):
+        if part in ("default", ""):
+            continue
+        if part in ("scan", "noscan"):
+            changes["scan_in_pass_one"] = part == "scan"
+        elif part.startswith("span"):
+            span = max(tk.STATS_TILE, int(part[4:]) // tk.STATS_TILE * tk.STATS_TILE)
+            changes["stats_plan_"] = tk.StatsPlan(span=span, splits=triton.cdiv(vocab, span))
+        elif part.startswith("pps"):
+            changes["stats_plan_"] = tk.stats_plan(rows, vocab, int(part[3:]) * sms, tk.STATS_TILE)
+        elif part.startswith("r"):
+            race_rows, per_sm = (int(x) for x in part[1:].split("x"))
+            chunks = triton.cdiv(vocab, 4 * race_rows)
+            steps = max(1, min(chunks, batch * chunks // (per_sm * sms)))
+            programs = triton.cdiv(chunks, steps)
+            changes["race_plan"] = tk.RacePlan(rows=race_rows, steps=triton.cdiv(chunks, programs), programs=programs,
+                                               num_warps=max(1, min(4, race_rows // 32)))
+        else:
+            raise ValueError(f"unknown variant part {part!r}")
+    return changes
+
+
+def per_kernel_us(run, iters: int, flush=None) -> dict[str, float]:
+    """{kernel: median duration × launches per call}, µs, over `iters` calls (each after `flush` if given)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            if flush is not None:
+                flush()
+            run()
+        torch.cuda.synchronize()
+    durations = collections.defaultdict(list)
+    for event in prof.profiler.kineto_results.events():
+        name = event.name()
+        # the L2 flush is a fill kernel; every design's kernels are Triton kernels named _*_kernel
+        if event.device_type() != torch.autograd.DeviceType.CPU and name.startswith("_"):
+            durations[name.removesuffix("_kernel")].append(event.duration_ns() / 1000.0)
+    return {name: sorted(ts)[len(ts) // 2] * len(ts) / iters for name, ts in durations.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--points", required=True, help="batch:γ:V:dtype,... (dtype bf16 or fp32)")
+    parser.add_argument("--variants", default="default,vllm")
+    parser.add_argument("--l2", default="cold,warm")
+    parser.add_argument("--iters", type=int, default=15)
+    parser.add_argument("--out", default=None, help="JSON file of the rows")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    flush = l2_flush(device)
+    rows = []
+    for point in args.points.split(","):
+        batch, gamma, vocab, dtype = point.split(":")
+        batch, gamma, vocab = int(batch), int(gamma), int(vocab)
+        cfg = LogitsConfig(batch_size=batch, gamma=gamma, vocab_size=vocab, logits_dtype=DTYPES[dtype])
+        w = make_logits_workload(cfg, device).with_randomness("fast")
+        floor_us = logits_read_floor_bytes(cfg) / 4.17e12 * 1e6  # the H200's measured copy ceiling
+        calls = {}
+        for variant in args.variants.split(","):
+            if variant == "vllm":
+                calls[variant] = tk.vllm_v2_style_launcher(_inputs(w), allocate_outputs(w, error_flags=False), True,
+                                                           w.seed, 0)
+            else:
+                calls[variant] = tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0,
+                                                          **plan_changes(variant, batch, gamma, vocab, sms))
+        for l2 in args.l2.split(","):
+            for variant, run in calls.items():
+                kernels = per_kernel_us(run, args.iters, flush if l2 == "cold" else None)
+                total = sum(kernels.values())
+                rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 == "cold", var=variant, total=total,
+                                 floor=floor_us, kernels=kernels))
+                print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "
+                      f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items()), flush=True)
+        del calls, w
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""logits_kernels' variant parser (the GPU run itself is a measurement tool, not tested here)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from sdbench.commands.logits_kernels import plan_changes  # noqa: E402
+from sdbench.ops.prob_verify_logits import triton_kernels as tk  # noqa: E402
+
+
+def test_default_changes_nothing():
+    assert plan_changes("default", 32, 8, 128256, 132) == {}
+
+
+def test_parts_combine_into_launcher_arguments():
+    changes = plan_changes("noscan+span8192+r256x8", 32, 8, 128256, 132)
+    assert changes["scan_in_pass_one"] is False
+    assert changes["stats_plan_"] == tk.StatsPlan(span=8192, splits=16)
+    race = changes["race_plan"]
+    # 126 chunks of 1024 columns; 32·126 = 4032 chunks over 8·132 = 1056 programs -> 3 steps, 42 programs a row
+    assert (race.rows, race.steps, race.programs, race.num_warps) == (256, 3, 42, 4)
+    assert race.steps * race.programs * 4 * race.rows >= 128256
+
+
+def test_pass_one_programs_per_sm():
+    plan = plan_changes("pps16", 1, 16, 128256, 132)["stats_plan_"]
+    assert plan.splits * 33 <= 16 * 132 and plan.splits * plan.span >= 128256
+
+
+def test_an_unknown_part_is_an_error():
+    with pytest.raises(ValueError, match="unknown variant part"):
+        plan_changes("fast", 1, 4, 32000, 132)
