@@ -91,9 +91,10 @@ def test_fast_mode_advances_on_the_device_and_the_designs_agree(dtype):
     assert bool((fused.philox_offsets == 7).all()) and bool((vllm.philox_offsets == 7).all())
 
 
-@pytest.mark.parametrize("name", ["fused_logits", "vllm_v2_style"])
-def test_graph_replay_equals_eager(name):
-    fast = make_logits_workload(LogitsConfig(32, 8, vocab_size=32000, seed=9), DEVICE).with_randomness("fast")
+@pytest.mark.parametrize("name,vocab", [("fused_logits", 32000), ("fused_logits", 128256), ("vllm_v2_style", 32000)])
+def test_graph_replay_equals_eager(name, vocab):
+    """At V = 32000 fused_logits' race scans; at V = 128256 pass 1 does (the race fills an H100/H200)."""
+    fast = make_logits_workload(LogitsConfig(32, 8, vocab_size=vocab, seed=9), DEVICE).with_randomness("fast")
     run = registry.get("prob_verify_logits", name).prepare(fast)
     expected = _snapshot(run())
     graph = torch.cuda.CUDAGraph()
@@ -108,18 +109,45 @@ def test_graph_replay_equals_eager(name):
     assert bool((run.philox_offsets == fast.offset + 1).all())
 
 
-def test_fused_logits_leaves_its_race_scratch_zeroed():
+@pytest.mark.parametrize("scan_in_pass_one", [False, True])
+def test_fused_logits_leaves_its_race_scratch_zeroed(scan_in_pass_one):
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
     w = make_logits_workload(LogitsConfig(32, 4, vocab_size=32000, seed=10), DEVICE)
     inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                    w.draft_temperature, w.uniforms, w.exponential_noise)
-    launch = kernels.fused_logits_launcher(inputs, allocate_outputs(w), fast=True)
+    launch = kernels.fused_logits_launcher(inputs, allocate_outputs(w), fast=True, scan_in_pass_one=scan_in_pass_one)
     launch()
     launch()
     torch.cuda.synchronize()
+    assert launch.scan_in_pass_one == scan_in_pass_one
     assert not any(counter.any() for counter in launch.scratch)
+
+
+@pytest.mark.parametrize("randomness", ["fast", "supplied"])
+def test_where_the_scan_runs_changes_no_output(randomness):
+    """The accept scan in pass 1 and in every race program: the same tokens, lengths and flags (fast mode:
+    the same Philox draws), at a point where the default puts it in pass 1."""
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    w = make_logits_workload(LogitsConfig(32, 8, vocab_size=128256, seed=12), DEVICE).with_randomness(randomness)
+    w.draft_tokens[3, 2] = -1  # a bad id: flagged by whichever kernel scans
+    inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                   w.draft_temperature, w.uniforms, w.exponential_noise)
+    results = []
+    for scan in (None, False):
+        outputs = allocate_outputs(w)
+        launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed,
+                                               scan_in_pass_one=scan)
+        launch()
+        results.append((launch.scan_in_pass_one, {key: value.clone() for key, value in outputs.items()}))
+    torch.cuda.synchronize()
+    assert results[0][0] and not results[1][0]  # the default took the pass-1 scan here
+    for key, value in results[0][1].items():
+        assert torch.equal(value, results[1][1][key]), key
+    assert int(results[0][1]["error_flags"][3]) != 0
 
 
 @pytest.mark.parametrize("name,randomness", [("fused_logits", "fast"), ("fused_logits", "supplied"),

@@ -14,8 +14,9 @@ float32 rounding, see reference.py):
      per program, and the last program of each row combines the row's partials into one (max, sumexp,
      argmax) per row. Every logit is read once: this is the floor, and the kernel is a pure stream.
      splits is chosen so B·(2γ+1)·splits fills the machine; at B·(2γ+1) >= 16·SMs it is 1.
-     When the race fills the machine (`default_scan_in_pass_one`), the sequence's last combined row
-     also runs the accept scan once and writes k (SCAN).
+     When the race fills the machine and has at least (2γ+1)/4 programs per sequence
+     (`default_scan_in_pass_one`), the sequence's last combined row also runs the accept scan once and
+     writes k (SCAN).
   2. `_logits_race_kernel`, grid (B, programs), the prob `fused` sampler's shape (at large B a program
      takes several chunks of at most RACE_CHUNK_MAX columns, `race_steps`): program (b, c) reads its
      sequence's 2γ+1 row stats (L2) and k (SCANNED), or gathers the 2γ logits at the draft tokens and
@@ -531,11 +532,12 @@ def _logits_race_kernel(
     times over, more chunks per program pay the stop's loads once for all of them. `chunks` is the number
     of programs per row (the arrivals to wait for). stats_*_ptr hold one (max, Σexp, argmax) per logits row.
     best_ptr (int64 [B]) and arrivals_ptr (int32 [B]) start zeroed and are left zeroed.
-    RULE "token": the stop is the first rejection k. SCANNED (token rule; fused_logits_launcher's choice by
-    batch size): pass 1 ran the accept scan and left k at stop_ptr and the error flag written, so a program
-    loads k beside the rows' stats (one L2 round trip; the vLLM-style resample needs two, k then row k's
-    stats) instead of gathering 2γ logits and scanning; otherwise every program scans (at small B, where the
-    machine has room for the redundant scans and pass 1's tail would add the scan's latency to the step).
+    RULE "token": the stop is the first rejection k. SCANNED (token rule; fused_logits_launcher's choice,
+    `default_scan_in_pass_one`): pass 1 ran the accept scan and left k at stop_ptr and the error flag
+    written, so a program loads k beside the rows' stats (one L2 round trip; the vLLM-style resample needs
+    two, k then row k's stats) instead of gathering 2γ logits and scanning; otherwise every program scans
+    (where the race does not fill the machine, so the repeats run beside each other, or has few programs
+    per sequence against pass 1's 2γ+1 rows).
     RULE "block": the stop τ and w_τ from the draft-token ratios and the residual masses at mass_ptr
     (`_block_scan`, every program), and the race over max(0, w_τ·p_τ - q_τ). Constexprs: each path
     compiles only its own code.
@@ -796,8 +798,8 @@ class RacePlan:
 
 
 def default_race_plan(batch: int, vocab: int, device: torch.device) -> RacePlan:
-    """The prob sampler's chunk choice (small chunks at small B, for latency) capped at RACE_CHUNK_MAX
-    columns a step, then race_steps steps a program."""
+    """The prob sampler's chunk choice (small chunks at small B, for latency), capped on a GPU at
+    RACE_CHUNK_MAX columns a step, then race_steps steps a program."""
     if device.type == "cuda":
         race = default_fused_plan(batch, vocab, device, chunk_max=RACE_CHUNK_MAX)
     else:
@@ -811,12 +813,12 @@ def default_scan_in_pass_one(batch: int, gamma: int, race: RacePlan, device: tor
     chain of dependent loads: row stats, draft tokens, 2γ gathered logits); in pass 1 it runs once per
     sequence, for one more arrival per logits row. The repeats cost throughput only when the race fills
     the machine (B·programs >= RACE_PROGRAMS_PER_SM per SM; below that they run beside each other and pass
-    1's tail would add the scan's latency to the step: b=1, γ=16, V=128256 bf16, 12.8 against 17.3 µs), and
+    1's tail would add the scan's latency to the step: b=1, γ=16, V=128256 bf16, 12.9 against 17.6 µs), and
     they outweigh the extra arrivals only when they are at least a quarter as many as the rows (b=512,
-    γ=16, V=128256 bf16: 5 programs against 33 rows a sequence, 1375 µs with the scan in the race against
-    1408 in pass 1; b=512, γ=8, V=128256 fp32: 5 against 17, 1224 µs in pass 1 against 1267 in the race).
-    Fitted to eleven points on the H200; it misses two, by at most 3 µs (docs/perf-notes.md, "From
-    logits, session 6")."""
+    γ=16, V=128256 bf16: 5 programs against 33 rows a sequence, 1374 µs with the scan in the race against
+    1408 in pass 1; b=512, γ=8, V=128256 fp32: 5 against 17, 1225 µs in pass 1, 1238 in the race, the
+    latter from an earlier run). Fitted on the H200 to ten points timed side by side, of which it misses
+    two by at most 3 µs, and that eleventh (docs/perf-notes.md, "From logits, session 6")."""
     if device.type == "cuda":
         full = RACE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
     else:
@@ -863,7 +865,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
 def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int = 0,
                           offset: int = 0, stats_plan_: StatsPlan | None = None, rule: str = "token",
                           mass_plan: StatsPlan | None = None, race_plan: RacePlan | None = None,
-                          stats_tile: int = STATS_TILE, scan_in_pass_one: bool | None = None):
+                          scan_in_pass_one: bool | None = None):
     """Two launches (stats, race) into outputs; the block rule adds the residual-mass pass between them
     when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here, once."""
     batch, gamma, vocab = t.shape
@@ -878,11 +880,13 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     sequence_arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
     stop = torch.empty(batch, dtype=torch.int32, device=device)
     offsets = philox_offsets(batch, offset, device)  # fast mode advances them on the device, call by call
+    if scan_in_pass_one and rule == "block":
+        raise ValueError("scan_in_pass_one is for the token rule: the block rule's stop needs the mass pass")
     if scan_in_pass_one is None:
-        scan_in_pass_one = default_scan_in_pass_one(batch, gamma, race, device)
-    scan = None if rule == "block" or not scan_in_pass_one else dict(offsets=offsets, sequence_arrivals=sequence_arrivals, stop=stop,
+        scan_in_pass_one = rule == "token" and default_scan_in_pass_one(batch, gamma, race, device)
+    scan = None if not scan_in_pass_one else dict(offsets=offsets, sequence_arrivals=sequence_arrivals, stop=stop,
                                              error_flags=outputs["error_flags"], fast=fast, seed=seed)
-    launches = [_stats_launch(t, partials, plan, tile=stats_tile, combined=stats + (row_arrivals,), scan=scan)]
+    launches = [_stats_launch(t, partials, plan, combined=stats + (row_arrivals,), scan=scan)]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
@@ -912,6 +916,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             step()
 
     launch.scratch = (best, arrivals, row_arrivals, sequence_arrivals)  # tests check they are left zeroed
+    launch.scan_in_pass_one = scan is not None
     launch.philox_offsets = offsets
     return launch
 
