@@ -867,7 +867,10 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           mass_plan: StatsPlan | None = None, race_plan: RacePlan | None = None,
                           scan_in_pass_one: bool | None = None):
     """Two launches (stats, race) into outputs; the block rule adds the residual-mass pass between them
-    when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here, once."""
+    when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here, once. scan_in_pass_one (token rule):
+    where the accept scan runs, pass 1 or every race program; None: `default_scan_in_pass_one`."""
+    if scan_in_pass_one and rule == "block":
+        raise ValueError("scan_in_pass_one is for the token rule: the block rule's stop needs the mass pass")
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device)
@@ -880,12 +883,12 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     sequence_arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
     stop = torch.empty(batch, dtype=torch.int32, device=device)
     offsets = philox_offsets(batch, offset, device)  # fast mode advances them on the device, call by call
-    if scan_in_pass_one and rule == "block":
-        raise ValueError("scan_in_pass_one is for the token rule: the block rule's stop needs the mass pass")
     if scan_in_pass_one is None:
         scan_in_pass_one = rule == "token" and default_scan_in_pass_one(batch, gamma, race, device)
-    scan = None if not scan_in_pass_one else dict(offsets=offsets, sequence_arrivals=sequence_arrivals, stop=stop,
-                                             error_flags=outputs["error_flags"], fast=fast, seed=seed)
+    scan = None
+    if scan_in_pass_one:
+        scan = dict(offsets=offsets, sequence_arrivals=sequence_arrivals, stop=stop,
+                    error_flags=outputs["error_flags"], fast=fast, seed=seed)
     launches = [_stats_launch(t, partials, plan, combined=stats + (row_arrivals,), scan=scan)]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))
