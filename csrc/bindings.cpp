@@ -292,15 +292,21 @@ TORCH_LIBRARY_IMPL(sdbench, Meta, m) {
 // zeroed once and reused by every call in stream order (one state per stream that may run them).
 namespace sdbench {
 
+struct ScanTiling {  // mirrors csrc/verify_pack_scan.cu: the tile rule's knobs, zero = default
+  int64_t waves = 0;
+  int64_t max_tile_bytes = 0;
+  int64_t look_back_groups = 0;
+  int64_t min_tile_bytes = 0;
+};
 int64_t scan_state_elems();
 int64_t scan_max_batch();
 cudaError_t launch_fused_scan(TokenType token_type, const void* draft_tokens, const void* target_tokens,
                               const void* draft_kv, int64_t* accepted_lengths, bool* has_mismatch, void* next_tokens,
                               void* packed_kv, int64_t* packed_offsets, int64_t batch, int64_t gamma,
-                              int64_t row_bytes, int64_t* scan_state, cudaStream_t stream);
+                              int64_t row_bytes, int64_t* scan_state, ScanTiling tiling, cudaStream_t stream);
 cudaError_t launch_pack_scan(const void* draft_kv, const int64_t* accepted_lengths, void* packed_kv,
                              int64_t* packed_offsets, int32_t* error_flags, int64_t batch, int64_t gamma,
-                             int64_t row_bytes, int64_t* scan_state, cudaStream_t stream);
+                             int64_t row_bytes, int64_t* scan_state, ScanTiling tiling, cudaStream_t stream);
 
 namespace {
 
@@ -312,7 +318,8 @@ void check_scan_state(const at::Tensor& scan_state, int64_t batch, const at::Dev
 
 void fused_scan_op(const at::Tensor& draft_tokens, const at::Tensor& target_tokens, const at::Tensor& draft_kv,
                    at::Tensor& accepted_lengths, at::Tensor& has_mismatch, at::Tensor& next_tokens,
-                   at::Tensor& packed_kv, at::Tensor& packed_offsets, at::Tensor& scan_state) {
+                   at::Tensor& packed_kv, at::Tensor& packed_offsets, at::Tensor& scan_state, int64_t tile_waves,
+                   int64_t tile_max_bytes, int64_t look_back_groups, int64_t tile_min_bytes) {
   const auto [batch, gamma] = check_tokens(draft_tokens, target_tokens);
   check_output(accepted_lengths, "accepted_lengths", at::kLong, {batch}, draft_tokens.device());
   check_output(has_mismatch, "has_mismatch", at::kBool, {batch}, draft_tokens.device());
@@ -325,12 +332,14 @@ void fused_scan_op(const at::Tensor& draft_tokens, const at::Tensor& target_toke
                                  draft_kv.data_ptr(), accepted_lengths.data_ptr<int64_t>(),
                                  has_mismatch.data_ptr<bool>(), next_tokens.data_ptr(), packed_kv.data_ptr(),
                                  packed_offsets.data_ptr<int64_t>(), batch, gamma, row_bytes,
-                                 scan_state.data_ptr<int64_t>(), current_stream()),
+                                 scan_state.data_ptr<int64_t>(),
+                                 ScanTiling{tile_waves, tile_max_bytes, look_back_groups, tile_min_bytes}, current_stream()),
                "fused_scan");
 }
 
 void pack_scan_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
-                  at::Tensor& packed_offsets, at::Tensor& error_flags, at::Tensor& scan_state) {
+                  at::Tensor& packed_offsets, at::Tensor& error_flags, at::Tensor& scan_state, int64_t tile_waves,
+                  int64_t tile_max_bytes, int64_t look_back_groups, int64_t tile_min_bytes) {
   check_cuda_contiguous(draft_kv, "draft_kv", draft_kv.device());
   TORCH_CHECK(draft_kv.dim() == 3, "sdbench: draft_kv must be [B, gamma, kv_dim], got ", draft_kv.sizes());
   const int64_t batch = draft_kv.size(0), gamma = draft_kv.size(1);
@@ -344,14 +353,15 @@ void pack_scan_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths
   const c10::cuda::CUDAGuard guard(draft_kv.device());
   check_launch(launch_pack_scan(draft_kv.data_ptr(), accepted_lengths.data_ptr<int64_t>(), packed_kv.data_ptr(),
                                 packed_offsets.data_ptr<int64_t>(), error_flags.data_ptr<int32_t>(), batch, gamma,
-                                row_bytes,
-                                scan_state.data_ptr<int64_t>(), current_stream()),
+                                row_bytes, scan_state.data_ptr<int64_t>(),
+                                ScanTiling{tile_waves, tile_max_bytes, look_back_groups, tile_min_bytes}, current_stream()),
                "pack_scan");
 }
 
 void fused_scan_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&,
-                     at::Tensor&, at::Tensor&, at::Tensor&) {}
-void pack_scan_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&) {}
+                     at::Tensor&, at::Tensor&, at::Tensor&, int64_t, int64_t, int64_t, int64_t) {}
+void pack_scan_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, int64_t,
+                    int64_t, int64_t, int64_t) {}
 
 }  // namespace
 }  // namespace sdbench
@@ -360,10 +370,12 @@ TORCH_LIBRARY_FRAGMENT(sdbench, m) {
   m.def(
       "fused_scan(Tensor draft_tokens, Tensor target_tokens, Tensor draft_kv, Tensor(a!) accepted_lengths, "
       "Tensor(b!) has_mismatch, Tensor(c!) next_tokens, Tensor(d!) packed_kv, Tensor(e!) packed_offsets, "
-      "Tensor(f!) scan_state) -> ()");
+      "Tensor(f!) scan_state, int tile_waves=0, int tile_max_bytes=0, int look_back_groups=0, "
+      "int tile_min_bytes=0) -> ()");
   m.def(
       "pack_scan(Tensor draft_kv, Tensor accepted_lengths, Tensor(a!) packed_kv, Tensor(b!) packed_offsets, "
-      "Tensor(c!) error_flags, Tensor(d!) scan_state) -> ()");
+      "Tensor(c!) error_flags, Tensor(d!) scan_state, int tile_waves=0, int tile_max_bytes=0, "
+      "int look_back_groups=0, int tile_min_bytes=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(sdbench, CUDA, m) {

@@ -4,14 +4,10 @@
 //
 // Grid: one block of kThreads = 256 threads per tile. A tile is `seqs_per_tile` consecutive sequences
 // (small slabs) or one chunk of `chunk_bytes` of one sequence (large slabs: a sequence's rows are spread
-// over several blocks), sized by tile_shape so the grid is about four waves of blocks (one sequence per
-// block at small work, up to 256 KiB of worst-case KV per block at large), so b=1 and b=65,536 both fill
-// the GPU. A block:
-//   1. takes a ticket (one 64-bit atomicAdd on state[0] = epoch << 32 | ticket): the ticket is its tile
-//      (blocks that started earlier hold earlier tiles, so a look-back never waits on a block that
-//      may not be resident), the high word is this launch's epoch. The block that takes the last
-//      ticket writes (epoch + 1) << 32: the next launch on the stream starts at ticket 0, one epoch on,
-//      without a reset launch and without the host (CUDA-graph replays advance it on the device);
+// over several blocks), sized by tile_shape so the grid is about one wave of resident blocks, each
+// tile at most 256 KiB of worst-case KV (more waves at large work), so b=1 and b=65,536 both fill the
+// GPU. Block i handles tile i:
+//   1. reads the launch's epoch (the high word of state[0]) while its tokens load;
 //   2. finds its sequences' accepted lengths (fused: warp ballots, ceil-pow2(γ) lanes per sequence for
 //      γ <= 32, one warp per sequence above; pack: loads them, clamped to [0, γ]) and scans them in
 //      shared memory; chunk 0 of a group publishes the group's sum (flag AGGREGATE, or INCLUSIVE for
@@ -19,13 +15,18 @@
 //      "not yet";
 //   3. issues the loads of its accepted KV (kUnroll 16-byte vectors per thread): sources do not depend
 //      on the prefix, so they are in flight during the look-back;
-//   4. warp 0 looks back (Merrill & Garland 2016): lane i reads the status of group g-1-i, and the sum
-//      up to the nearest INCLUSIVE word is this group's exclusive prefix; chunk 0 publishes INCLUSIVE;
+//   4. the block looks back (Merrill & Garland 2016): thread i reads the status of group g-1-i, and the
+//      sum up to the nearest INCLUSIVE word is this group's exclusive prefix; chunk 0 publishes
+//      INCLUSIVE. A block waits only on lower tiles, which started no later (blocks are dispatched in
+//      index order, as CUB's single-pass scan assumes);
 //   5. stores the vectors at prefix * row_bytes + (chunk) + offset; chunk 0 writes packed_offsets and,
-//      fused, the verify outputs.
+//      fused, the verify outputs;
+//   6. counts itself finished in the low word of state[0]; the last block writes (epoch + 1) << 32, so
+//      the next launch on the stream starts one epoch on, without a reset launch and without the host
+//      (CUDA-graph replays advance it on the device).
 // Status words are one 64-bit value each (epoch:30 | flag:2 | value:32), read and written with
 // relaxed 64-bit accesses, so no fence orders them against other data.
-// Shared memory: 4 KiB of lengths (kMaxTileSeqs ints) + 32 words; registers: see tests/test_csrc_compile.py.
+// Shared memory: 4 KiB of lengths (kMaxTileSeqs ints) + ~100 bytes; registers: see tests/test_csrc_compile.py.
 //
 // The state (scan_state_elems() = 1 + kScanMaxGroups int64) is zeroed once by its owner and then reused by every launch in
 // stream order; two launches that may overlap (different streams, parallel graph branches) need two
@@ -45,15 +46,22 @@ constexpr int64_t kScanMaxTileSeqs = 1024;  // sequences per group (shared-memor
 constexpr int64_t kScanMaxBatch = kScanMaxGroups * kScanMaxTileSeqs;
 
 // Host API (declared again in bindings.cpp). scan_state: int64 [scan_state_elems()], zeroed once.
+// ScanTiling: the tile rule's knobs (tile_shape below); zero fields take the defaults.
+struct ScanTiling {
+  int64_t waves = 0;             // blocks aimed at: waves * resident blocks (kBlocksPerSm per SM)
+  int64_t max_tile_bytes = 0;    // worst-case KV bytes of one tile, at most
+  int64_t look_back_groups = 0;  // sequence groups, at most, where tiles of max_tile_bytes allow
+  int64_t min_tile_bytes = 0;    // worst-case KV bytes of one tile, at least (fewer blocks for tiny work)
+};
 int64_t scan_state_elems() { return 1 + kScanMaxGroups; }
 int64_t scan_max_batch() { return kScanMaxBatch; }
 cudaError_t launch_fused_scan(TokenType token_type, const void* draft_tokens, const void* target_tokens,
                               const void* draft_kv, int64_t* accepted_lengths, bool* has_mismatch, void* next_tokens,
                               void* packed_kv, int64_t* packed_offsets, int64_t batch, int64_t gamma,
-                              int64_t row_bytes, int64_t* scan_state, cudaStream_t stream);
+                              int64_t row_bytes, int64_t* scan_state, ScanTiling tiling, cudaStream_t stream);
 cudaError_t launch_pack_scan(const void* draft_kv, const int64_t* accepted_lengths, void* packed_kv,
                              int64_t* packed_offsets, int32_t* error_flags, int64_t batch, int64_t gamma,
-                             int64_t row_bytes, int64_t* scan_state, cudaStream_t stream);
+                             int64_t row_bytes, int64_t* scan_state, ScanTiling tiling, cudaStream_t stream);
 
 namespace scan {
 namespace {
@@ -212,31 +220,48 @@ __device__ void block_inclusive_scan(int* data, int count, int* s_warp_totals) {
 }
 
 // ---- look-back ----------------------------------------------------------------------------------------
-// Warp 0 only. The exclusive prefix of `group`: lane i reads group - 1 - i - 32j; the sum up to the
-// nearest INCLUSIVE word (groups before 0 count as an INCLUSIVE zero). Every earlier group's block has
-// started (tickets), and publishes its AGGREGATE before it waits on anything, so the spin ends.
-__device__ int64_t look_back(const unsigned long long* status, int64_t group, unsigned epoch) {
-  const int lane = threadIdx.x % 32;
+// The whole block looks back, kThreads status words a step: thread i reads group - 1 - i - kThreads*j;
+// the sum up to the nearest INCLUSIVE word (groups before 0 count as an INCLUSIVE zero) is the group's
+// exclusive prefix. A window of 256 groups, not a warp's 32, because at launch every block looks back
+// at once and the INCLUSIVE words appear one window at a time: group g waits ~g / window steps, each an
+// L2 round trip (one warp made group 255 of b = 256 walk 8 of them). Every earlier group's block has
+// started (index order), and publishes its AGGREGATE before it waits on anything, so the spin ends.
+// Returns the same prefix to every thread; ends with a barrier.
+struct LookBackScratch {
+  int first_inclusive[kWarps];
+  long long sum[kWarps];
+};
+
+__device__ int64_t look_back(const unsigned long long* status, int64_t group, unsigned epoch, LookBackScratch& s) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int64_t prefix = 0;
-  for (int64_t newest = group - 1;; newest -= 32) {
-    const int64_t other = newest - lane;
+  for (int64_t newest = group - 1;; newest -= kThreads) {
+    const int64_t other = newest - static_cast<int64_t>(threadIdx.x);
     unsigned long long word = 0;
-    bool ready = other < 0;
-    while (!__all_sync(kFullMask, ready)) {
-      if (!ready) {
+    if (other >= 0) {
+      for (;;) {
         word = load_relaxed(status + other);
-        ready = status_flag(word) != 0u && status_epoch(word) == (epoch & kEpochMask);
+        if (status_flag(word) != 0u && status_epoch(word) == (epoch & kEpochMask)) break;
+        __nanosleep(32);
       }
-      if (!__all_sync(kFullMask, ready)) __nanosleep(32);
     }
     const bool inclusive = other < 0 || status_flag(word) == kInclusive;
     const unsigned inclusive_lanes = __ballot_sync(kFullMask, inclusive);
-    const int last = inclusive_lanes != 0u ? __ffs(inclusive_lanes) - 1 : 31;
-    int64_t value = (other >= 0 && lane <= last) ? static_cast<int64_t>(status_value(word)) : 0;
+    long long value = other >= 0 ? static_cast<long long>(status_value(word)) : 0;
+    if (lane == 0) s.first_inclusive[warp] = inclusive_lanes != 0u ? warp * 32 + __ffs(inclusive_lanes) - 1 : kThreads;
+    __syncthreads();
+    int nearest = kThreads;  // the nearest INCLUSIVE word's thread (kThreads: none in this window)
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) nearest = min(nearest, s.first_inclusive[w]);
+    if (static_cast<int>(threadIdx.x) > nearest) value = 0;
 #pragma unroll
     for (int delta = 16; delta > 0; delta >>= 1) value += __shfl_xor_sync(kFullMask, value, delta);
-    prefix += value;
-    if (inclusive_lanes != 0u) return prefix;
+    if (lane == 0) s.sum[warp] = value;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) prefix += s.sum[w];
+    __syncthreads();  // s is reused by the next step
+    if (nearest < kThreads) return prefix;
   }
 }
 
@@ -285,6 +310,19 @@ struct TileCopy {
   }
 };
 
+// The low word of state[0] counts the launch's finished blocks; the last one moves the epoch on and
+// zeroes the count, so the next launch in stream order (a CUDA-graph replay too) starts one epoch on.
+// Counted at the end, after the block read the epoch and looked back: when the count is full, no
+// block of this launch can still read either. Thread 0; the block's stores need not have landed.
+__device__ __forceinline__ void finish_block(unsigned long long* scan_state, unsigned epoch) {
+  if (threadIdx.x == 0) {
+    const unsigned long long done = atomicAdd(scan_state, 1ull);
+    if ((done & 0xffffffffull) == gridDim.x - 1u) {
+      atomicExch(scan_state, static_cast<unsigned long long>(epoch + 1u) << 32);
+    }
+  }
+}
+
 template <typename Lengths, typename V>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     scan_pack_kernel(Lengths lengths, const char* __restrict__ draft_kv, char* __restrict__ packed_kv,
@@ -292,18 +330,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
                      bool writes_verdict) {
   __shared__ int s_row_end[kScanMaxTileSeqs];
   __shared__ int s_warp_totals[kWarps];
-  __shared__ unsigned long long s_ticket;
-  __shared__ int64_t s_prefix;
+  __shared__ unsigned s_epoch;
+  __shared__ LookBackScratch s_look_back;
 
-  if (threadIdx.x == 0) {
-    const unsigned long long taken = atomicAdd(scan_state, 1ull);
-    if ((taken & 0xffffffffull) == gridDim.x - 1u) atomicExch(scan_state, ((taken >> 32) + 1ull) << 32);
-    s_ticket = taken;
-  }
-  __syncthreads();
-  const unsigned epoch = static_cast<unsigned>(s_ticket >> 32);
-  const int64_t ticket = static_cast<int64_t>(s_ticket & 0xffffffffull);
-  const int64_t group = ticket / shape.chunks_per_seq, chunk = ticket % shape.chunks_per_seq;
+  // The tile is blockIdx.x: a block waits only on lower tiles, which the GPU dispatched no later (blocks
+  // start in index order; CUB's single-pass scan relies on the same). Thread 0 reads this launch's
+  // epoch while the tokens load; it does not change before every block of the launch has finished.
+  if (threadIdx.x == 0) s_epoch = static_cast<unsigned>(load_relaxed(scan_state) >> 32);
+  const int64_t tile = blockIdx.x;
+  const int64_t group = tile / shape.chunks_per_seq, chunk = tile % shape.chunks_per_seq;
   const int64_t first_seq = group * shape.seqs_per_tile;
   const int count = static_cast<int>(min(static_cast<int64_t>(shape.seqs_per_tile), shape.batch - first_seq));
   const int gamma = static_cast<int>(shape.gamma);
@@ -312,6 +347,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 
   lengths.fill(s_row_end, first_seq, count, gamma, publisher && writes_verdict);
   __syncthreads();
+  const unsigned epoch = s_epoch;
   block_inclusive_scan(s_row_end, count, s_warp_totals);
   const int64_t tile_rows = s_row_end[count - 1];
   if (publisher && threadIdx.x == 0) {
@@ -323,24 +359,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int64_t tile_bytes = shape.seqs_per_tile == 1
                                  ? min(max(tile_rows * shape.row_bytes - source_chunk, int64_t{0}), shape.chunk_bytes)
                                  : tile_rows * shape.row_bytes;
-  if (!publisher && tile_bytes == 0) return;  // a chunk past this sequence's accepted rows
+  if (!publisher && tile_bytes == 0) {  // a chunk past this sequence's accepted rows
+    finish_block(scan_state, epoch);
+    return;
+  }
 
   const TileCopy<V> copy{draft_kv, packed_kv, s_row_end, first_seq, source_chunk,
                          tile_bytes / static_cast<int64_t>(sizeof(V)), count, shape.slab_bytes, shape.row_bytes};
   V word[kUnroll];
   copy.load(word, 0);  // in flight during the look-back
 
-  if (threadIdx.x < 32) {
-    const int64_t prefix = group == 0 ? 0 : look_back(status, group, epoch);
-    if (threadIdx.x == 0) {
-      s_prefix = prefix;
-      if (publisher && group != 0) {
-        store_relaxed(status + group, pack_status(epoch, kInclusive, static_cast<unsigned>(prefix + tile_rows)));
-      }
-    }
+  const int64_t prefix = group == 0 ? 0 : look_back(status, group, epoch, s_look_back);
+  if (publisher && group != 0 && threadIdx.x == 0) {
+    store_relaxed(status + group, pack_status(epoch, kInclusive, static_cast<unsigned>(prefix + tile_rows)));
   }
-  __syncthreads();
-  const int64_t prefix = s_prefix;
   if (publisher) {
     for (int local = threadIdx.x; local < count; local += kThreads) {
       packed_offsets[first_seq + local] = prefix + (local == 0 ? 0 : s_row_end[local - 1]);
@@ -352,17 +384,41 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     copy.load(word, base);
     copy.store(word, base, destination);
   }
+  finish_block(scan_state, epoch);
 }
 
 // ---- host ---------------------------------------------------------------------------------------------
-// Tile size: a few waves of blocks over the GPU. Small work gets one sequence per block (every SM
-// verifies and copies; a block of 32 sequences on one SM was 1.3x slower than fused at b = 32); large
-// work gets tiles of up to kMaxTileBytes of worst-case KV, so each block's fixed cost (ticket, scan,
-// look-back) is paid over more accepted bytes (a 32 KiB tile moves ~10 KiB at alpha = 0.3, and was
-// 1.4x slower than the two-step pipeline at b = 65,536). Shapes only: no data, no sync.
-constexpr int kWavesOfBlocks = 4;
+// Tile size: one wave of resident blocks over the GPU, each tile at most max_tile_bytes of worst-case KV.
+// A block pays a chain of dependent round trips (tokens, ballot and scan, KV load, look-back) before
+// its first store; a wave of blocks each copying one 32 KiB round kept HBM idle for most of that chain,
+// so four waves of small tiles ran at ~3 TB/s where one wave of tiles four times larger reached ~3.3
+// (H200: b = 1024, γ = 32, kv 1024, 45.6 -> 38.0 us; b = 1024, γ = 8, α = 0.3, kv 4096, 24.8 -> 18.1).
+// Tiles of whole sequences round the sequence count up, so the groups never spill into a second wave.
+// Past 256 KiB a tile's fixed cost is paid over enough bytes (1 MiB tiles were 8% slower at b = 65,536,
+// γ = 32: fewer blocks, longer tails). Small work still gets one sequence per block (every SM verifies
+// and copies; a block of 32 sequences on one SM was 1.3x slower than fused at b = 32), unless its
+// tiles would hold less than kMinTileBytes.
+// ScanTiling's fields are the rule's knobs; a zero field takes its default (scan_tiles benchmarks them).
+// Shapes only: no data, no sync.
+constexpr int kWavesOfBlocks = 1;
 constexpr int64_t kMaxTileBytes = 8 * kTileBytes;  // 8 copy rounds of 32 KiB per block at most
-constexpr int64_t kLookBackGroups = 256;          // sequence groups, where tiles allow
+// At most this many sequence groups where tiles allow: the look-back reads 256 groups a step, and a
+// group's INCLUSIVE word waits on its predecessors' (a chain of 4096 one-sequence groups took 34 us
+// against 10 us with 64 groups when a warp looked back 32 groups a step).
+constexpr int64_t kLookBackGroups = 4096;
+// At least this much worst-case KV per tile: tiny work in a few blocks, not hundreds of one-row tiles that
+// each pay the whole chain and a look-back (b = 1024, γ = 4, kv 64: 7.6 -> 3.9 us; 16 KiB won at
+// γ = 8-32 but cost 10% at b = 32, γ = 8, kv 128).
+constexpr int64_t kMinTileBytes = 8 * 1024;
+
+ScanTiling resolved(ScanTiling tiling) {
+  if (tiling.waves <= 0) tiling.waves = kWavesOfBlocks;
+  if (tiling.max_tile_bytes <= 0) tiling.max_tile_bytes = kMaxTileBytes;
+  tiling.max_tile_bytes = (tiling.max_tile_bytes + kTileBytes - 1) / kTileBytes * kTileBytes;  // whole rounds
+  if (tiling.look_back_groups <= 0) tiling.look_back_groups = kLookBackGroups;
+  if (tiling.min_tile_bytes <= 0) tiling.min_tile_bytes = kMinTileBytes;
+  return tiling;
+}
 
 int multiprocessor_count() {
   static int cached[64] = {};
@@ -377,12 +433,14 @@ int multiprocessor_count() {
   return cached[device];
 }
 
-TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms) {
+TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, ScanTiling tiling) {
+  tiling = resolved(tiling);
   TileShape shape{batch, gamma, row_bytes, gamma * row_bytes, gamma * row_bytes, 1, 1};
-  const int64_t target_blocks = int64_t{sms} * kBlocksPerSm * kWavesOfBlocks;
+  const int64_t target_blocks = int64_t{sms} * kBlocksPerSm * tiling.waves;
   const int64_t total_bytes = batch * shape.slab_bytes;
   int64_t tile_bytes = (total_bytes + target_blocks - 1) / target_blocks;
-  tile_bytes = tile_bytes < kMaxTileBytes ? tile_bytes : kMaxTileBytes;
+  tile_bytes = tile_bytes > tiling.min_tile_bytes ? tile_bytes : tiling.min_tile_bytes;
+  tile_bytes = tile_bytes < tiling.max_tile_bytes ? tile_bytes : tiling.max_tile_bytes;
   // chunks are whole copy rounds (multiples of kTileBytes, so of 16 bytes: every chunk starts co-aligned)
   const int64_t chunk_bytes = tile_bytes <= kTileBytes ? kTileBytes : (tile_bytes + kTileBytes - 1) / kTileBytes * kTileBytes;
   if (batch <= kScanMaxGroups && shape.slab_bytes > chunk_bytes) {
@@ -390,12 +448,11 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms) {
     shape.chunks_per_seq = static_cast<int>((shape.slab_bytes + chunk_bytes - 1) / chunk_bytes);
     return shape;
   }
-  int64_t seqs = tile_bytes / shape.slab_bytes;
-  // Few groups where the tiles can stay within kMaxTileBytes: a group's inclusive prefix waits on its
-  // predecessor's, so thousands of tiny tiles make the look-back a serial chain (one sequence per
-  // block at b = 4096, kv_dim 64 took 34 us against 10 us with 64 groups).
-  const int64_t for_chain = (batch + kLookBackGroups - 1) / kLookBackGroups;
-  const int64_t by_bytes = kMaxTileBytes / shape.slab_bytes > 1 ? kMaxTileBytes / shape.slab_bytes : 1;
+  // ceil below the cap: tile_bytes ~ total / target_blocks, so at most target_blocks groups
+  int64_t seqs = tile_bytes < tiling.max_tile_bytes ? (tile_bytes + shape.slab_bytes - 1) / shape.slab_bytes
+                                                    : tile_bytes / shape.slab_bytes;
+  const int64_t for_chain = (batch + tiling.look_back_groups - 1) / tiling.look_back_groups;
+  const int64_t by_bytes = tiling.max_tile_bytes / shape.slab_bytes > 1 ? tiling.max_tile_bytes / shape.slab_bytes : 1;
   const int64_t chain_seqs = for_chain < by_bytes ? for_chain : by_bytes;
   seqs = seqs > chain_seqs ? seqs : chain_seqs;
   const int64_t needed = (batch + kScanMaxGroups - 1) / kScanMaxGroups;
@@ -427,10 +484,10 @@ cudaError_t launch_with(const Lengths& lengths, const void* draft_kv, void* pack
 template <typename Lengths>
 cudaError_t launch_any_unit(const Lengths& lengths, const void* draft_kv, void* packed_kv, int64_t* packed_offsets,
                             int64_t batch, int64_t gamma, int64_t row_bytes, int64_t* scan_state,
-                            bool writes_verdict, cudaStream_t stream) {
+                            bool writes_verdict, ScanTiling tiling, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
   if (batch > kScanMaxBatch || gamma < 1 || row_bytes < 2 || row_bytes % 2 != 0) return cudaErrorInvalidValue;
-  const TileShape shape = tile_shape(batch, gamma, row_bytes, multiprocessor_count());
+  const TileShape shape = tile_shape(batch, gamma, row_bytes, multiprocessor_count(), tiling);
   switch (unit_bytes(draft_kv, packed_kv, row_bytes)) {
     case 16:
       return launch_with<Lengths, uint4>(lengths, draft_kv, packed_kv, packed_offsets, scan_state, shape,
@@ -451,11 +508,11 @@ template <typename T>
 cudaError_t launch_fused_scan_typed(const void* draft_tokens, const void* target_tokens, const void* draft_kv,
                                     int64_t* accepted_lengths, bool* has_mismatch, void* next_tokens,
                                     void* packed_kv, int64_t* packed_offsets, int64_t batch, int64_t gamma,
-                                    int64_t row_bytes, int64_t* scan_state, cudaStream_t stream) {
+                                    int64_t row_bytes, int64_t* scan_state, ScanTiling tiling, cudaStream_t stream) {
   const VerifiedLengths<T> lengths{static_cast<const T*>(draft_tokens), static_cast<const T*>(target_tokens),
                                    accepted_lengths, has_mismatch, static_cast<T*>(next_tokens)};
   return launch_any_unit(lengths, draft_kv, packed_kv, packed_offsets, batch, gamma, row_bytes, scan_state, true,
-                         stream);
+                         tiling, stream);
 }
 
 }  // namespace
@@ -464,22 +521,22 @@ cudaError_t launch_fused_scan_typed(const void* draft_tokens, const void* target
 cudaError_t launch_fused_scan(TokenType token_type, const void* draft_tokens, const void* target_tokens,
                               const void* draft_kv, int64_t* accepted_lengths, bool* has_mismatch, void* next_tokens,
                               void* packed_kv, int64_t* packed_offsets, int64_t batch, int64_t gamma,
-                              int64_t row_bytes, int64_t* scan_state, cudaStream_t stream) {
+                              int64_t row_bytes, int64_t* scan_state, ScanTiling tiling, cudaStream_t stream) {
   return token_type == TokenType::kInt64
              ? scan::launch_fused_scan_typed<int64_t>(draft_tokens, target_tokens, draft_kv, accepted_lengths,
                                                       has_mismatch, next_tokens, packed_kv, packed_offsets, batch,
-                                                      gamma, row_bytes, scan_state, stream)
+                                                      gamma, row_bytes, scan_state, tiling, stream)
              : scan::launch_fused_scan_typed<int32_t>(draft_tokens, target_tokens, draft_kv, accepted_lengths,
                                                       has_mismatch, next_tokens, packed_kv, packed_offsets, batch,
-                                                      gamma, row_bytes, scan_state, stream);
+                                                      gamma, row_bytes, scan_state, tiling, stream);
 }
 
 cudaError_t launch_pack_scan(const void* draft_kv, const int64_t* accepted_lengths, void* packed_kv,
                              int64_t* packed_offsets, int32_t* error_flags, int64_t batch, int64_t gamma,
-                             int64_t row_bytes, int64_t* scan_state, cudaStream_t stream) {
+                             int64_t row_bytes, int64_t* scan_state, ScanTiling tiling, cudaStream_t stream) {
   // writes_verdict: the tile's writer writes the error flags (pack has no verify outputs)
   return scan::launch_any_unit(scan::GivenLengths{accepted_lengths, error_flags}, draft_kv, packed_kv,
-                               packed_offsets, batch, gamma, row_bytes, scan_state, true, stream);
+                               packed_offsets, batch, gamma, row_bytes, scan_state, true, tiling, stream);
 }
 
 }  // namespace sdbench

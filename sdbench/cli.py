@@ -350,6 +350,7 @@ def sweep_command(
     max_noise: Annotated[float | None, typer.Option(help="wall/graph: keep sampling while the median's relative standard error is above this (default 0.01).")] = None,
     max_time: Annotated[float | None, typer.Option(help="...for at most this many seconds per view and config (default 0.5; 0: exactly --iters samples).")] = None,
     min_time: Annotated[float | None, typer.Option(help="wall/graph: sample at least this many seconds per view and config, noisy or not (default 0; at most --max-time).")] = None,
+    views: Annotated[str | None, typer.Option(help="Views to measure, e.g. gpu,graph (default: every view of the device: wall, graph, gpu on CUDA).")] = None,
     host_tolerance: Annotated[float | None, typer.Option(help="wall: a config whose launch floor is more than this above the sweep's lowest of its path ran in a slow host state; its wall view is measured again at the end, and flagged noisy if still slow (default 0.15).")] = None,
     fmt: FormatOption = "table",
 ) -> None:
@@ -379,7 +380,7 @@ def sweep_command(
         shard_count=shard_count, resume=resume or None, seed=seed, run_id=run_id,
         token_dtypes=parse_name_list(token_dtype) or None, kv_dtypes=parse_name_list(kv_dtype) or None,
         prob_dtypes=parse_name_list(prob_dtype) or None, max_noise=max_noise, max_time=max_time,
-        min_time=min_time, host_tolerance=host_tolerance,
+        min_time=min_time, host_tolerance=host_tolerance, views=parse_name_list(views) or None,
     )
     sweep.validate(spec)  # bad input fails here, before the progress bar draws
     sweep.check_op_available(spec.op)

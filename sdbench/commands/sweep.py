@@ -95,6 +95,7 @@ class SweepSpec:
     max_noise: float = 0.01  # wall / graph: sample past iters until the median's relative SE is under this...
     max_time: float = 0.5  # ...or this many seconds per view and config were spent (0: exactly iters samples)
     min_time: float = 0.0  # sample at least this many seconds per view and config, noisy or not (<= max_time)
+    views: tuple[str, ...] = ()  # () = every view of the device; e.g. ("gpu", "graph") skips the host's wall view
     # wall: a config whose floor is this far above the sweep's lowest of its path is measured again at the end
     host_tolerance: float = HOST_STATE_TOLERANCE
     cold_l2: bool = False
@@ -179,6 +180,12 @@ def validate(spec: SweepSpec) -> None:
         raise SdbenchError(f"--max-time must be >= 0 seconds, got {spec.max_time}")
     if not 0 <= spec.min_time <= spec.max_time:
         raise SdbenchError(f"--min-time must be in [0, --max-time={spec.max_time:g}] seconds, got {spec.min_time:g}")
+    if spec.views:
+        native = timing.views_for(spec.device)
+        unknown = [view for view in spec.views if view not in native]
+        if unknown:
+            raise SdbenchError(f"--views: {', '.join(unknown)} cannot be measured on {spec.device}; "
+                               f"choose from {', '.join(native)}")
     if not spec.host_tolerance > 0:
         raise SdbenchError(f"--host-tolerance must be > 0, e.g. 0.15 for 15%, got {spec.host_tolerance:g}")
     if spec.gpu_iters < 1:
@@ -234,6 +241,8 @@ def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.Timi
                      f"max_noise={options.max_noise:g} max_time={options.max_time_s:g}"
                      # only when set: results written before --min-time keep their config key
                      + (f" min_time={options.min_time_s:g}" if options.min_time_s else "")
+                     # only when a subset: a config measured in fewer views is not the full one
+                     + (f" views={','.join(options.views)}" if options.views else "")
                      + (f" host_tolerance={host_tolerance:g}" if host_tolerance != HOST_STATE_TOLERANCE else "")),
     }
 
@@ -341,14 +350,14 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
     mine = shard(configs, spec.shard_index, spec.shard_count)
     options = timing.TimingOptions(warmup=spec.warmup, iters=spec.iters, gpu_iters=spec.gpu_iters, cold_l2=spec.cold_l2,
                                    max_noise=spec.max_noise, max_time_s=spec.max_time,
-                                   min_time_s=spec.min_time)
+                                   min_time_s=spec.min_time, views=spec.views or None)
     done = results.done_configs(spec.out_dir) if spec.resume else set()
     machine = {"gpu_name": envinfo.collect(device).get("gpu_name")}
     todo = [cfg for cfg in mine if results.config_key(
         {**config_columns(spec.op, device, cfg, options, spec.host_tolerance), **machine}) not in done]
     summary = SweepSummary(
         run_id=spec.run_id or results.new_run_id(), out_dir=Path(spec.out_dir), device=device,
-        views=timing.views_for(device), grid_size=len(configs), shard_size=len(mine), skipped=len(mine) - len(todo),
+        views=timing.views_for(device, options), grid_size=len(configs), shard_size=len(mine), skipped=len(mine) - len(todo),
     )
     notify = progress or (lambda _: None)
     # Events and graphs use the current device's stream: make the sweep's device current.

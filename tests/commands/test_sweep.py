@@ -649,3 +649,24 @@ def test_the_cli_says_what_the_host_state_check_did(tmp_path, monkeypatch):
     assert ("host state (wall): 1 configs ran with a launch floor more than the tolerance above the sweep's lowest "
             "and were measured again (0 faster the second time); 1 stayed slow, their wall rows flagged noisy "
             "(host_slowed)") in " ".join(result.output.split())
+
+
+def test_views_are_validated_passed_to_the_timer_and_recorded_only_when_a_subset(tmp_path, monkeypatch):
+    with pytest.raises(SdbenchError, match="--views: gpu cannot be measured on cpu"):
+        sweep.validate(sweep.build_spec(device="cpu", out_dir=tmp_path, views=("gpu",)))
+    plain = sweep.config_columns("verify", "cpu", VerifyConfig(4, 8, 0.5), sweep.timing.TimingOptions())
+    subset = sweep.config_columns("verify", "cpu", VerifyConfig(4, 8, 0.5),
+                                  sweep.timing.TimingOptions(views=("gpu", "graph")))
+    assert "views" not in plain["settings"] and subset["settings"].endswith(" views=gpu,graph")
+    seen = []
+    measure = sweep.timing.measure
+
+    def spy(callables, device, options, **kwargs):
+        seen.append(options.views)
+        return measure(callables, device, options, **kwargs)
+
+    monkeypatch.setattr(sweep.timing, "measure", spy)
+    summary = sweep.run_sweep(_spec(tmp_path, batch_sizes=[1], gammas=[8], alphas=[0.3], views=("cpu",)))
+    assert summary.views == ("cpu",) and seen and set(seen) == {("cpu",)}
+    rows = results.read_rows(tmp_path)
+    assert {row["view"] for row in rows} == {"cpu"} and all(row["settings"].endswith("views=cpu") for row in rows)

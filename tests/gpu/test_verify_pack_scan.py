@@ -115,8 +115,9 @@ def test_state_of_the_wrong_size_is_a_clear_error():
 
 
 def test_one_state_serves_different_grids_in_turn():
-    """The last block of every launch resets the ticket: launches of different grid sizes on one state
-    alternate without a reset, and stale flags of earlier launches (other epochs) are never read."""
+    """The last block of every launch moves the epoch on and zeroes the count of finished blocks: launches
+    of different grid sizes on one state alternate without a reset, and stale flags of earlier launches
+    (other epochs) are never read."""
     from sdbench.ops.backends import cuda_ops
     from sdbench.ops.pack.cuda_impls import pack_outputs
 
@@ -131,8 +132,47 @@ def test_one_state_serves_different_grids_in_turn():
                              out["error_flags"], state)
         torch.cuda.synchronize()
         assert parity.compare(pack(w.draft_kv, w.accepted_lengths), out) is None, cfg
-    assert int(state[0]) & 0xFFFFFFFF == 0, "the ticket is back at 0 after every launch"
+    assert int(state[0]) & 0xFFFFFFFF == 0, "the count of finished blocks is back at 0 after every launch"
     assert int(state[0]) >> 32 == 2 * len(configs), "one epoch per launch"
+
+
+# --- tile rules ---------------------------------------------------------------------------------------------
+# The tile rule's knobs (python -m sdbench.commands.scan_tiles benchmarks them) change only how the work
+# is cut: one-sequence tiles, row chunks, thousands of groups (long look-back walks), tiles of 1 MiB.
+TILINGS = [{}, {"tile_waves": 4}, {"tile_waves": 2, "look_back_groups": 256},
+           {"tile_max_bytes": 1 << 20}, {"look_back_groups": 65536, "tile_waves": 16},
+           {"tile_max_bytes": 32 * 1024, "look_back_groups": 65536}]
+TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5, kv_dim=1024, token_dtype="int32"),
+                VerifyConfig(4096, 8, 0.6, kv_dim=128), VerifyConfig(1024, 8, 0.3, kv_dim=4096),
+                VerifyConfig(65537, 3, 0.7, kv_dim=64, dist="geometric")]
+
+
+@pytest.mark.parametrize("cfg", TILING_CASES, ids=_case_id)
+def test_every_tile_rule_gives_the_reference(cfg):
+    from sdbench.ops.backends import cuda_ops
+    from sdbench.ops.pack.cuda_impls import pack_outputs
+    from sdbench.ops.verify.cuda_impls import verify_outputs
+    from sdbench.ops.verify_pack.reference import verify_pack
+
+    w = make_workload("verify_pack", cfg, "cuda")
+    expected = verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv)
+    packed_expected = pack(w.draft_kv, expected["accepted_lengths"])
+    state = scan_state("cuda")
+    for tiling in TILINGS:
+        out = {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
+        parity.poison(out, expected)
+        cuda_ops().fused_scan(w.draft_tokens, w.target_tokens, w.draft_kv, out["accepted_lengths"],
+                              out["has_mismatch"], out["next_tokens"], out["packed_kv"], out["packed_offsets"],
+                              state, **tiling)
+        torch.cuda.synchronize()
+        assert parity.compare(expected, out) is None, (tiling, parity.compare(expected, out))
+        packed = pack_outputs(w)
+        parity.poison(packed, packed_expected)
+        cuda_ops().pack_scan(w.draft_kv, expected["accepted_lengths"], packed["packed_kv"], packed["packed_offsets"],
+                             packed["error_flags"], state, **tiling)
+        torch.cuda.synchronize()
+        assert parity.compare(packed_expected, packed) is None, (tiling, parity.compare(packed_expected, packed))
+    assert int(state[0]) & 0xFFFFFFFF == 0, "the count of finished blocks is back at 0 after every launch"
 
 
 # --- sync-free and graph replay ------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """pack in one single-pass launch (csrc/verify_pack_scan.cu): decoupled look-back, no grid barrier.
 
-The kernel keeps its look-back flags and launch epoch in a caller-owned `scan_state`, zeroed once per
-prepared run and reused by every call in stream order (graph replays advance the epoch on the GPU).
+The kernel keeps its look-back flags and launch epoch in a `scan_state`, zeroed once and reused by every
+call in stream order (graph replays advance the epoch on the GPU): one state per stream
+(`stream_scan_state`), since launches on one stream never overlap.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from sdbench.ops.backends import cuda_ops, cuda_probe, needs_kv
 from sdbench.ops.pack.cuda_impls import pack_outputs
 from sdbench.ops.workload import VerifyConfig, VerifyWorkload
-from sdbench.registry import BufferedRun, Implementation, register
+from sdbench.registry import BufferedRun, Implementation, Outputs, register
 
 # Mirrors csrc/verify_pack_scan.cu: 1 + kScanMaxGroups status words, kScanMaxGroups * kScanMaxTileSeqs.
 SCAN_MAX_GROUPS = 65536
@@ -24,22 +25,42 @@ def scan_state(device: torch.device | str) -> torch.Tensor:
     return torch.zeros(SCAN_STATE_ELEMS, dtype=torch.int64, device=device)
 
 
+_STREAM_STATES: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def stream_scan_state(device: torch.device | str) -> torch.Tensor:
+    """The state of the current stream on device, made (and zeroed, one fill) on its first use.
+
+    Every single-pass launch on one stream shares it: they run in stream order, which is all the epoch
+    needs, and a per-call state would cost a 513 KiB fill per call. A CUDA graph keeps the state of the
+    stream it was captured on (made during capture, its fill replays with the graph): graphs captured on
+    one stream must not be replayed concurrently on different streams.
+    """
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, torch.cuda.current_stream(index).cuda_stream)
+    state = _STREAM_STATES.get(key)
+    if state is None:
+        state = _STREAM_STATES[key] = scan_state(torch.device("cuda", index))
+    return state
+
+
 def scan_supports(cfg: VerifyConfig) -> str | None:
     if cfg.batch_size > SCAN_MAX_BATCH:
         return f"single-pass scan: needs B <= {SCAN_MAX_BATCH} ({SCAN_MAX_GROUPS} groups of 1024 sequences)"
     return needs_kv(cfg)
 
 
-def _prepare_pack_scan(w: VerifyWorkload) -> BufferedRun:
+def _prepare_pack_scan(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
     op = cuda_ops().pack_scan
-    out = pack_outputs(w)
+    out = out if out is not None else pack_outputs(w)
     args = (w.draft_kv, w.accepted_lengths, out["packed_kv"], out["packed_offsets"], out["error_flags"],
-            scan_state(w.device))
+            stream_scan_state(w.device))
     return BufferedRun(lambda: op(*args), out)
 
 
 register(Implementation(
-    op="pack", name="pack_scan", backend="cuda", probe=cuda_probe, launches=1, supports=scan_supports,
+    op="pack", name="pack_scan", backend="cuda", probe=cuda_probe, launches=1, writes_into=True, supports=scan_supports,
     prepare=_prepare_pack_scan,
     description="single pass: tiles of sequences or row chunks, decoupled look-back with epoch flags, 16-byte copy",
 ))

@@ -1,0 +1,120 @@
+"""GPU time of the single-pass verify-and-pack kernel (`fused_scan`) by tile rule, beside the other
+verify_pack paths (issue #17).
+
+    python -m sdbench.commands.scan_tiles --points 1024:32:0.9:1024,256:4:0.3:128 \
+        --variants default,w1,w1+t1024 --out tiles.json
+
+A point is batch:γ:α:kv_dim (fp16 KV, int64 tokens, binomial lengths: the scale-kv grid's workload). A
+variant is `fused_scan` with '+'-joined changes to its tile rule (csrc/verify_pack_scan.cu, tile_shape):
+`w<N>` (aim at N waves of resident blocks; default 1), `t<KiB>` (tiles of at most KiB of worst-case KV;
+default 256), `m<KiB>` (tiles of at least KiB, so tiny work takes few blocks; default 8), `g<N>` (at most
+N sequence groups where such tiles allow; default 4096); `default` changes nothing. Each point also
+times --peers (default: fused, ballot+pack_cuda, ballot+pack_scan) in the same rotation, so every line
+reads against the others of its run. Times: CUPTI GPU time, the median over --iters calls, per L2 state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from sdbench import registry
+from sdbench.measure import timing
+from sdbench.ops import make_workload
+from sdbench.ops.backends import cuda_ops
+from sdbench.ops.pack.cuda_impls import pack_outputs
+from sdbench.ops.pack.scan_impls import scan_state
+from sdbench.ops.verify.cuda_impls import verify_outputs
+from sdbench.ops.workload import VerifyConfig
+
+PEERS = ("fused", "ballot+pack_cuda", "ballot+pack_scan")
+
+
+def tiling(variant: str) -> dict[str, int]:
+    """fused_scan's tile-rule keyword arguments for a variant's '+'-joined changes."""
+    changes: dict[str, int] = {}
+    for part in variant.split("+"):
+        if part in ("default", ""):
+            continue
+        kind, digits = part[0], part[1:]
+        if kind not in "wtgm" or not digits.isdigit() or int(digits) < 1:
+            raise ValueError(f"unknown variant part {part!r}: w<waves>, t<KiB>, m<KiB>, g<groups> or default")
+        value = int(digits)
+        if kind == "w":
+            changes["tile_waves"] = value
+        elif kind == "t":
+            changes["tile_max_bytes"] = value * 1024
+        elif kind == "m":
+            changes["tile_min_bytes"] = value * 1024
+        else:
+            changes["look_back_groups"] = value
+    return changes
+
+
+def parse_points(text: str) -> list[VerifyConfig]:
+    points = []
+    for item in text.split(","):
+        batch, gamma, alpha, kv_dim = item.split(":")
+        points.append(VerifyConfig(batch_size=int(batch), gamma=int(gamma), alpha=float(alpha), kv_dim=int(kv_dim)))
+    return points
+
+
+def _fused_scan(workload, changes: dict[str, int]):
+    """fused_scan with a changed tile rule: the registered implementation's call, plus the keywords."""
+    op = cuda_ops().fused_scan
+    out = {**verify_outputs(workload), **pack_outputs(workload, error_flags=False)}
+    args = (workload.draft_tokens, workload.target_tokens, workload.draft_kv, out["accepted_lengths"],
+            out["has_mismatch"], out["next_tokens"], out["packed_kv"], out["packed_offsets"],
+            scan_state(workload.device))
+    return lambda: op(*args, **changes), out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--points", required=True, help="batch:γ:α:kv_dim,...")
+    parser.add_argument("--variants", default="default")
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--l2", default="cold,warm")
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--out", default=None, help="JSON file of the rows")
+    args = parser.parse_args(argv)
+    variants = args.variants.split(",")
+    changes = {variant: tiling(variant) for variant in variants}  # bad variants fail before any GPU work
+    peers = [registry.get("verify_pack", name) for name in args.peers.split(",") if name]
+    rows = []
+    for cfg in parse_points(args.points):
+        workload = make_workload("verify_pack", cfg, "cuda")
+        runs = {peer.name: peer.prepare(workload) for peer in peers}
+        expected = registry.get("verify_pack", "fused").prepare(workload)()  # the check below, not a timing
+        total = int(expected["accepted_lengths"].sum())
+        for variant in variants:
+            run, out = _fused_scan(workload, changes[variant])
+            run()
+            for name in ("accepted_lengths", "next_tokens", "packed_offsets"):
+                assert torch.equal(out[name], expected[name]), f"{variant}: {name} differs from fused"
+            assert torch.equal(out["packed_kv"][:total], expected["packed_kv"][:total]), f"{variant}: packed_kv"
+            runs[f"fused_scan[{variant}]"] = run
+        accepted_bytes = total * cfg.kv_dim * workload.draft_kv.element_size()
+        for l2 in args.l2.split(","):
+            options = timing.TimingOptions(warmup=5, iters=args.iters, gpu_iters=args.iters, cold_l2=l2 == "cold",
+                                           views=("gpu",))
+            result = timing.measure(runs, "cuda", options)
+            medians = {name: views["gpu"].stats.median_us for name, views in result.items()
+                       if views["gpu"].stats is not None}
+            rows.append({"batch": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha, "kv_dim": cfg.kv_dim,
+                         "l2": l2, "accepted_kv_bytes": accepted_bytes, "gpu_us": medians})
+            cells = "  ".join(f"{name} {value:.2f}" for name, value in medians.items())
+            print(f"b={cfg.batch_size} γ={cfg.gamma} α={cfg.alpha:g} kv={cfg.kv_dim} {l2} "
+                  f"{accepted_bytes / 1e6:.2f} MB: {cells}", flush=True)
+        del workload, runs
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(rows, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,23 @@
+"""The scan_tiles benchmark's variant and point parsers (the GPU timing itself runs on a GPU only)."""
+
+import pytest
+
+from sdbench.commands import scan_tiles
+from sdbench.ops.workload import VerifyConfig
+
+
+def test_variants_map_to_the_kernels_tile_rule_keywords():
+    assert scan_tiles.tiling("default") == {}
+    assert scan_tiles.tiling("w2+t1024+m8+g512") == {
+        "tile_waves": 2, "tile_max_bytes": 1 << 20, "tile_min_bytes": 8192, "look_back_groups": 512}
+
+
+@pytest.mark.parametrize("bad", ["x4", "w", "w0", "t-1", "g1.5"])
+def test_unknown_variant_parts_are_refused(bad):
+    with pytest.raises(ValueError, match="unknown variant part"):
+        scan_tiles.tiling(bad)
+
+
+def test_points_are_the_scale_grids_workloads():
+    assert scan_tiles.parse_points("1024:32:0.9:1024,1:8:0.3:64") == [
+        VerifyConfig(batch_size=1024, gamma=32, alpha=0.9, kv_dim=1024), VerifyConfig(1, 8, 0.3, kv_dim=64)]
