@@ -426,6 +426,42 @@ def test_prob_roofline_compares_gpu_time_with_the_read_floor(tmp_path):
     assert by_impl["torch_eager"][-1] == "no"
 
 
+def test_kv_roofline_judges_cold_configs_of_4_mb_and_more_against_the_copy_floor(tmp_path):
+    """Planted at 3000 GB/s: fused at 1.2 × floor + 2 µs (meets 1.3 × floor + 2), the two-step at 1.5 × floor
+    + 2 (misses); warm rows and configs under 4 MB are not judged."""
+    def floor_us(c):
+        return 2 * c["kv_bytes"] / 3000.0 / 1e3
+
+    models = {("verify_pack", "fused"): lambda c, v: 1.2 * floor_us(c) + 2.0,
+              ("verify_pack", "ballot+pack_cuda"): lambda c, v: 1.5 * floor_us(c) + 2.0}
+    rows = synthetic_results.make_rows(models, batch_sizes=(4, 32), gammas=(8, 128), alphas=(0.9,), kv_dims=(2048,),
+                                       views=("gpu",))
+    cold = [{**row, "cold_l2": True} for row in rows]
+    path = synthetic_results.write(tmp_path / "kv.parquet", rows + cold)
+    table = next(t for t in report.build_report([path], ceiling_gbps=3000.0).tables
+                 if t.title.startswith("verify_pack roofline"))
+    verdicts = _column(table, table.columns[-1])
+    judged = [v for v in verdicts if v != "—"]
+    # ≥ 4 MB accepted: b=32 γ=128 (15.1 MB) and b=4 γ=128 (1.9 MB: not judged) -> one cold config judged
+    assert judged == ["fused: yes; best two-step: no"]
+    assert verdicts.count("—") == len(verdicts) - 1
+    assert any(note.startswith("fused: within 1.3 × floor + 2 µs at 1 of 1") for note in table.notes)
+    assert any(note.startswith("best two-step: within 1.3 × floor + 2 µs at 0 of 1") for note in table.notes)
+    row = table.rows[verdicts.index(judged[0])]
+    floor = 2 * int(32 * 128 * 0.9 * 2048 * 2) / 3000.0 / 1e3
+    assert row[table.columns.index("floor µs")] == f"{floor:.2f}"
+    assert row[table.columns.index("fused µs (% of copy)")].endswith(f"({floor / (1.2 * floor + 2):.0%})")
+
+
+def test_fused_table_counts_ties_with_the_best_two_step(gpu_report):
+    """By hand from the synthetic wall models: fused_single_block against the faster of the two others."""
+    grid = [(b, g, a, kv) for b in (4, 32) for g in (8, 64, 128) for a in (0.3, 0.6, 0.9) for kv in (128, 2048)]
+    sizes = [int(b * g * a * kv * 2) for b, g, a, kv in grid]
+    ties = sum(20.0 + x / 90e3 <= 1.03 * min(60.0 + x / 2.5e6, 260.0 + x / 2.0e3) for x in sizes)
+    note = next(note for note in _table(gpu_report, "Fused").notes if note.startswith("fused_single_block ≤ 1.03"))
+    assert f"at {ties} of {len(grid)} configs" in note and 0 < ties < len(grid)
+
+
 # --- plots a reader can read -------------------------------------------------------------------------
 def _labelled_ticks(axis, which: str) -> list[str]:
     """The tick labels a reader sees on one axis (inside its limits, non-empty); the figure is drawn."""
