@@ -390,14 +390,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 // ---- host ---------------------------------------------------------------------------------------------
 // Tile size: one wave of resident blocks over the GPU, each tile at most max_tile_bytes of worst-case KV.
 // A block pays a chain of dependent round trips (tokens, ballot and scan, KV load, look-back) before
-// its first store; a wave of blocks each copying one 32 KiB round kept HBM idle for most of that chain,
-// so four waves of small tiles ran at ~3 TB/s where one wave of tiles four times larger reached ~3.3
-// (H200: b = 1024, γ = 32, kv 1024, 45.6 -> 38.0 us; b = 1024, γ = 8, α = 0.3, kv 4096, 24.8 -> 18.1).
+// its first store; four waves of blocks each copying one 32 KiB round kept HBM idle for most of that
+// chain (~2.8 TB/s), one wave of tiles four times larger streams at ~3.3 (H200, cold L2: b = 1024,
+// γ = 32, kv 1024: 42.6 -> 36.3 us; b = 1024, γ = 8, α = 0.3, kv 4096: 22.0 -> 17.2).
 // Tiles of whole sequences round the sequence count up, so the groups never spill into a second wave.
-// Past 256 KiB a tile's fixed cost is paid over enough bytes (1 MiB tiles were 8% slower at b = 65,536,
-// γ = 32: fewer blocks, longer tails). Small work still gets one sequence per block (every SM verifies
-// and copies; a block of 32 sequences on one SM was 1.3x slower than fused at b = 32), unless its
-// tiles would hold less than kMinTileBytes.
+// Past 256 KiB a tile's fixed cost is paid over enough bytes (512 KiB tiles were 2% slower at
+// b = 65,536, γ = 32, kv 128, and 1 MiB tiles 8% in an earlier build: fewer blocks, longer tails).
+// Small work still gets one sequence per block (every SM verifies and copies; a block of 32 sequences
+// on one SM was 1.3x slower than fused at b = 32), unless its tiles would hold less than kMinTileBytes.
 // ScanTiling's fields are the rule's knobs; a zero field takes its default (scan_tiles benchmarks them).
 // Shapes only: no data, no sync.
 constexpr int kWavesOfBlocks = 1;
