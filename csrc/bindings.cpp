@@ -310,6 +310,19 @@ cudaError_t launch_pack_scan(const void* draft_kv, const int64_t* accepted_lengt
 
 namespace {
 
+// The tile rule's knobs (benchmarks vary them): 0 = the default; bounded so no product overflows.
+ScanTiling check_tiling(int64_t waves, int64_t max_tile_bytes, int64_t look_back_groups, int64_t min_tile_bytes) {
+  constexpr int64_t kMaxWaves = 1024, kMaxBytes = int64_t{1} << 40, kMaxGroups = 65536;
+  TORCH_CHECK(waves >= 0 && waves <= kMaxWaves, "sdbench: tile_waves must be in [0, ", kMaxWaves, "], got ", waves);
+  TORCH_CHECK(max_tile_bytes >= 0 && max_tile_bytes <= kMaxBytes, "sdbench: tile_max_bytes must be in [0, 2^40], got ",
+              max_tile_bytes);
+  TORCH_CHECK(min_tile_bytes >= 0 && min_tile_bytes <= kMaxBytes, "sdbench: tile_min_bytes must be in [0, 2^40], got ",
+              min_tile_bytes);
+  TORCH_CHECK(look_back_groups >= 0 && look_back_groups <= kMaxGroups, "sdbench: look_back_groups must be in [0, ",
+              kMaxGroups, "], got ", look_back_groups);
+  return ScanTiling{waves, max_tile_bytes, look_back_groups, min_tile_bytes};
+}
+
 void check_scan_state(const at::Tensor& scan_state, int64_t batch, const at::Device& device) {
   check_output(scan_state, "scan_state", at::kLong, {scan_state_elems()}, device);
   TORCH_CHECK(batch <= scan_max_batch(), "sdbench: the single-pass scan handles B <= ", scan_max_batch(), ", got B=",
@@ -333,7 +346,7 @@ void fused_scan_op(const at::Tensor& draft_tokens, const at::Tensor& target_toke
                                  has_mismatch.data_ptr<bool>(), next_tokens.data_ptr(), packed_kv.data_ptr(),
                                  packed_offsets.data_ptr<int64_t>(), batch, gamma, row_bytes,
                                  scan_state.data_ptr<int64_t>(),
-                                 ScanTiling{tile_waves, tile_max_bytes, look_back_groups, tile_min_bytes}, current_stream()),
+                                 check_tiling(tile_waves, tile_max_bytes, look_back_groups, tile_min_bytes), current_stream()),
                "fused_scan");
 }
 
@@ -354,7 +367,7 @@ void pack_scan_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths
   check_launch(launch_pack_scan(draft_kv.data_ptr(), accepted_lengths.data_ptr<int64_t>(), packed_kv.data_ptr(),
                                 packed_offsets.data_ptr<int64_t>(), error_flags.data_ptr<int32_t>(), batch, gamma,
                                 row_bytes, scan_state.data_ptr<int64_t>(),
-                                ScanTiling{tile_waves, tile_max_bytes, look_back_groups, tile_min_bytes}, current_stream()),
+                                check_tiling(tile_waves, tile_max_bytes, look_back_groups, tile_min_bytes), current_stream()),
                "pack_scan");
 }
 

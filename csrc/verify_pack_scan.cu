@@ -1,12 +1,12 @@
-// Single-pass verify-and-pack (`fused_scan`) and pack (`pack_scan`): one launch, no grid barrier, no
-// reset launch, at every batch size. Design, predictions and measurements: docs/perf-notes.md
-// ("Single-pass scan").
+// Single-pass verify-and-pack (`fused_scan`, and `fused` above b = 16) and pack (`pack_scan`): one launch,
+// no grid barrier, no reset launch, at every batch size. Design, predictions and measurements:
+// docs/perf-notes.md ("Single-pass scan", then "Tiles of one wave" for the tile rule and the epoch).
 //
 // Grid: one block of kThreads = 256 threads per tile. A tile is `seqs_per_tile` consecutive sequences
 // (small slabs) or one chunk of `chunk_bytes` of one sequence (large slabs: a sequence's rows are spread
 // over several blocks), sized by tile_shape so the grid is about one wave of resident blocks, each
-// tile at most 256 KiB of worst-case KV (more waves at large work), so b=1 and b=65,536 both fill the
-// GPU. Block i handles tile i:
+// tile 8-256 KiB of worst-case KV (more waves at large work), so b=1 and b=65,536 both fill the GPU.
+// Block i handles tile i:
 //   1. reads the launch's epoch (the high word of state[0]) while its tokens load;
 //   2. finds its sequences' accepted lengths (fused: warp ballots, ceil-pow2(γ) lanes per sequence for
 //      γ <= 32, one warp per sequence above; pack: loads them, clamped to [0, γ]) and scans them in
@@ -26,7 +26,7 @@
 //      (CUDA-graph replays advance it on the device).
 // Status words are one 64-bit value each (epoch:30 | flag:2 | value:32), read and written with
 // relaxed 64-bit accesses, so no fence orders them against other data.
-// Shared memory: 4 KiB of lengths (kMaxTileSeqs ints) + ~100 bytes; registers: see tests/test_csrc_compile.py.
+// Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints) + ~140 bytes; registers: see tests/test_csrc_compile.py.
 //
 // The state (scan_state_elems() = 1 + kScanMaxGroups int64) is zeroed once by its owner and then reused by every launch in
 // stream order; two launches that may overlap (different streams, parallel graph branches) need two
@@ -40,7 +40,7 @@
 
 namespace sdbench {
 
-// Mirrored in sdbench/ops/verify_pack/scan_impls.py (SCAN_STATE_ELEMS = 1 + kScanMaxGroups, SCAN_MAX_BATCH).
+// Mirrored in sdbench/ops/pack/scan_impls.py (SCAN_STATE_ELEMS = 1 + kScanMaxGroups, SCAN_MAX_BATCH).
 constexpr int64_t kScanMaxGroups = 65536;  // status words: sequence groups in one launch
 constexpr int64_t kScanMaxTileSeqs = 1024;  // sequences per group (shared-memory lengths)
 constexpr int64_t kScanMaxBatch = kScanMaxGroups * kScanMaxTileSeqs;
@@ -393,7 +393,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 // its first store; four waves of blocks each copying one 32 KiB round kept HBM idle for most of that
 // chain (~2.8 TB/s), one wave of tiles four times larger streams at ~3.3 (H200, cold L2: b = 1024,
 // γ = 32, kv 1024: 42.6 -> 36.3 us; b = 1024, γ = 8, α = 0.3, kv 4096: 22.0 -> 17.2).
-// Tiles of whole sequences round the sequence count up, so the groups never spill into a second wave.
+// Tiles of whole sequences round the sequence count up where the cap allows, so their groups stay
+// within one wave (row chunks round up per sequence and can spill a little past it).
 // Past 256 KiB a tile's fixed cost is paid over enough bytes (512 KiB tiles were 2% slower at
 // b = 65,536, γ = 32, kv 128, and 1 MiB tiles 8% in an earlier build: fewer blocks, longer tails).
 // Small work still gets one sequence per block (every SM verifies and copies; a block of 32 sequences
@@ -448,9 +449,10 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
     shape.chunks_per_seq = static_cast<int>((shape.slab_bytes + chunk_bytes - 1) / chunk_bytes);
     return shape;
   }
-  // ceil below the cap: tile_bytes ~ total / target_blocks, so at most target_blocks groups
-  int64_t seqs = tile_bytes < tiling.max_tile_bytes ? (tile_bytes + shape.slab_bytes - 1) / shape.slab_bytes
-                                                    : tile_bytes / shape.slab_bytes;
+  // Round up where the cap allows (tile_bytes ~ total / target_blocks, so at most target_blocks groups),
+  // else down: a tile never exceeds max_tile_bytes unless B itself needs more sequences per group.
+  const int64_t rounded_up = (tile_bytes + shape.slab_bytes - 1) / shape.slab_bytes;
+  int64_t seqs = rounded_up * shape.slab_bytes <= tiling.max_tile_bytes ? rounded_up : tile_bytes / shape.slab_bytes;
   const int64_t for_chain = (batch + tiling.look_back_groups - 1) / tiling.look_back_groups;
   const int64_t by_bytes = tiling.max_tile_bytes / shape.slab_bytes > 1 ? tiling.max_tile_bytes / shape.slab_bytes : 1;
   const int64_t chain_seqs = for_chain < by_bytes ? for_chain : by_bytes;

@@ -27,6 +27,7 @@ from sdbench.ops.backends import cuda_ops
 from sdbench.ops.pack.cuda_impls import pack_outputs
 from sdbench.ops.pack.scan_impls import scan_state
 from sdbench.ops.verify.cuda_impls import verify_outputs
+from sdbench.ops.verify_pack.reference import verify_pack
 from sdbench.ops.workload import VerifyConfig
 
 PEERS = ("fused", "ballot+pack_cuda", "ballot+pack_scan")
@@ -39,8 +40,9 @@ def tiling(variant: str) -> dict[str, int]:
         if part in ("default", ""):
             continue
         kind, digits = part[0], part[1:]
-        if kind not in "wtgm" or not digits.isdigit() or int(digits) < 1:
-            raise ValueError(f"unknown variant part {part!r}: w<waves>, t<KiB>, m<KiB>, g<groups> or default")
+        if kind not in "wtgm" or not digits.isdigit() or not 1 <= int(digits) <= 65536:
+            raise ValueError(f"unknown variant part {part!r}: w<waves>, t<KiB>, m<KiB>, g<groups> (1..65536) "
+                             "or default")
         value = int(digits)
         if kind == "w":
             changes["tile_waves"] = value
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     for cfg in parse_points(args.points):
         workload = make_workload("verify_pack", cfg, "cuda")
         runs = {peer.name: peer.prepare(workload) for peer in peers}
-        expected = registry.get("verify_pack", "fused").prepare(workload)()  # the check below, not a timing
+        expected = verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv)  # the reference
         total = int(expected["accepted_lengths"].sum())
         for variant in variants:
             run, out = _fused_scan(workload, changes[variant])
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in ("accepted_lengths", "next_tokens", "packed_offsets"):
                 assert torch.equal(out[name], expected[name]), f"{variant}: {name} differs from fused"
             assert torch.equal(out["packed_kv"][:total], expected["packed_kv"][:total]), f"{variant}: packed_kv"
+            assert torch.equal(out["has_mismatch"], expected["has_mismatch"]), f"{variant}: has_mismatch"
             runs[f"fused_scan[{variant}]"] = run
         accepted_bytes = total * cfg.kv_dim * workload.draft_kv.element_size()
         for l2 in args.l2.split(","):

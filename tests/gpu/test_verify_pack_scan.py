@@ -175,6 +175,58 @@ def test_every_tile_rule_gives_the_reference(cfg):
     assert int(state[0]) & 0xFFFFFFFF == 0, "the count of finished blocks is back at 0 after every launch"
 
 
+@pytest.mark.parametrize("knob, value", [("tile_waves", 2 ** 62), ("tile_waves", -1), ("tile_max_bytes", 2 ** 41),
+                                         ("tile_min_bytes", -5), ("look_back_groups", 65537)])
+def test_tile_knobs_out_of_range_are_a_clear_error(knob, value):
+    from sdbench.ops.backends import cuda_ops
+    from sdbench.ops.pack.cuda_impls import pack_outputs
+
+    w = make_workload("pack", VerifyConfig(4, 8, 0.5, kv_dim=8), "cuda")
+    out = pack_outputs(w)
+    with pytest.raises(RuntimeError, match=f"{knob} must be in"):
+        cuda_ops().pack_scan(w.draft_kv, w.accepted_lengths, out["packed_kv"], out["packed_offsets"],
+                             out["error_flags"], scan_state("cuda"), **{knob: value})
+
+
+def test_the_api_runs_the_scan_kernels_into_its_own_buffers():
+    import sdbench
+
+    w = make_workload("pack", VerifyConfig(300, 8, 0.6, kv_dim=128), "cuda")
+    got = sdbench.pack(w.draft_kv, w.accepted_lengths, impl="pack_scan")
+    assert parity.compare(pack(w.draft_kv, w.accepted_lengths), got) is None
+    v = make_workload("verify_pack", VerifyConfig(300, 8, 0.6, kv_dim=128), "cuda")
+    from sdbench.ops.verify_pack.reference import verify_pack
+
+    expected = verify_pack(v.draft_tokens, v.target_tokens, v.draft_kv)
+    for impl in ("fused", "fused_scan", "ballot+pack_scan"):
+        assert parity.compare(expected, sdbench.verify_pack(v.draft_tokens, v.target_tokens, v.draft_kv,
+                                                            impl=impl)) is None, impl
+
+
+def test_a_state_made_during_capture_is_the_graphs_own():
+    """An engine capturing sdbench.verify_pack prepares inside the capture: the state made there is zeroed
+    by the graph's own fill and is not cached for the capture stream's handle."""
+    import sdbench
+    from sdbench.ops.pack import scan_impls as pack_scan_impls
+    from sdbench.ops.verify_pack.reference import verify_pack
+
+    v = make_workload("verify_pack", VerifyConfig(300, 8, 0.6, kv_dim=128, seed=11), "cuda")
+    expected = verify_pack(v.draft_tokens, v.target_tokens, v.draft_kv)
+    sdbench.verify_pack(v.draft_tokens, v.target_tokens, v.draft_kv, impl="fused")  # warm-up, default stream
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    key = (torch.cuda.current_device(), stream.cuda_stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        got = sdbench.verify_pack(v.draft_tokens, v.target_tokens, v.draft_kv, impl="fused")
+    assert key not in pack_scan_impls._STREAM_STATES, "a state made during capture must not be cached"
+    for _ in range(3):
+        parity.poison(got, expected)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert parity.compare(expected, got) is None
+
+
 # --- sync-free and graph replay ------------------------------------------------------------------------
 # Many groups (look-back chains), row chunks of few sequences, and tiles forced past their byte share.
 STREAM_CASES = [

@@ -29,15 +29,20 @@ _STREAM_STATES: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def stream_scan_state(device: torch.device | str) -> torch.Tensor:
-    """The state of the current stream on device, made (and zeroed, one fill) on its first use.
+    """The state of the stream current on device when a run is prepared, made (and zeroed, one fill) on
+    its first use there.
 
     Every single-pass launch on one stream shares it: they run in stream order, which is all the epoch
-    needs, and a per-call state would cost a 513 KiB fill per call. A CUDA graph keeps the state of the
-    stream it was captured on (made during capture, its fill replays with the graph): graphs captured on
-    one stream must not be replayed concurrently on different streams.
+    needs, and a per-call state would cost a 513 KiB fill per call. Prepared during a CUDA-graph capture
+    (an engine capturing `sdbench.verify_pack`), a run gets a state of its own that is not kept: its fill
+    is recorded into that graph, not run now, so the memory is not zero until the graph replays, and a
+    later call on the capture stream's handle must not see it. Runs prepared on one stream and replayed
+    in graphs must not overlap one another (replay those graphs on one stream).
     """
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.is_current_stream_capturing():
+        return scan_state(torch.device("cuda", index))
     key = (index, torch.cuda.current_stream(index).cuda_stream)
     state = _STREAM_STATES.get(key)
     if state is None:
@@ -53,7 +58,9 @@ def scan_supports(cfg: VerifyConfig) -> str | None:
 
 def _prepare_pack_scan(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
     op = cuda_ops().pack_scan
-    out = out if out is not None else pack_outputs(w)
+    out = dict(out) if out is not None else pack_outputs(w)
+    if "error_flags" not in out:  # the API's buffers: the flags are added to what the call returns
+        out["error_flags"] = torch.empty(w.draft_kv.shape[0], dtype=torch.int32, device=w.device)
     args = (w.draft_kv, w.accepted_lengths, out["packed_kv"], out["packed_offsets"], out["error_flags"],
             stream_scan_state(w.device))
     return BufferedRun(lambda: op(*args), out)

@@ -11,9 +11,10 @@ from sdbench.ops.workload import VerifyConfig, VerifyWorkload
 from sdbench.registry import BufferedRun, Implementation, Outputs, register
 
 SINGLE_BLOCK_MAX_BATCH = 32  # fused_single_block: one warp per sequence, one block of 32 warps
-# fused: csrc/fused.cu's replicated driver up to this B (every block re-verifies all B sequences, then
-# copies its share: no look-back, one round trip shorter), the single-pass scan kernel above it (the
-# fused_scan kernel), csrc/fused.cu's cooperative driver past the scan's SCAN_MAX_BATCH. Measured on the
+# fused: csrc/fused.cu up to this B — its replicated driver (every block re-verifies all B sequences, then
+# copies its share: no look-back, one round trip shorter), or its cooperative driver when the tokens pass
+# 160 KiB (γ > ~640 with int64 tokens) — the single-pass scan kernel above it (the fused_scan kernel), and
+# fused.cu's cooperative driver again past the scan's SCAN_MAX_BATCH. Measured on the
 # H200's scale-kv grid (warm L2, GPU time): the replicated driver won 58 of 64 configs at b <= 8, the
 # scan every one from b = 256 up, and b = 32 split 14 to 18 by α (docs/perf-notes.md, "Tiles of one wave").
 FUSED_REPLICATED_MAX_BATCH = 16
@@ -85,8 +86,8 @@ def _cuda(**fields) -> Implementation:
 _cuda(name="fused_single_block", launches=1, writes_into=True, supports=_single_block_supports, prepare=_prepare_fused("fused_single_block"),
       description="published fused kernel: one block, warp i verifies and copies sequence i (B <= 32)")
 _cuda(name="fused", launches=1, writes_into=True, supports=needs_kv, prepare=_prepare_one_launch,
-      description="verify + pack in one launch over the whole GPU, any B and kv_dim, no host sync: replicated "
-                  f"driver for B <= {FUSED_REPLICATED_MAX_BATCH}, the single-pass scan kernel above")
+      description="verify + pack in one launch over the whole GPU, any B and kv_dim, no host sync: fused.cu's "
+                  f"drivers for B <= {FUSED_REPLICATED_MAX_BATCH}, the single-pass scan kernel above")
 _cuda(name="ballot+pack_torch", sync=True, supports=needs_kv, prepare=_prepare_ballot_pack_torch,
       description="ballot kernel, then eager draft_kv[mask] (data-dependent shape: syncs)")
 _cuda(name="ballot+pack_cuda", launches=2, writes_into=True, supports=needs_kv, prepare=_prepare_ballot_pack_cuda,
