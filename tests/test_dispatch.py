@@ -204,17 +204,22 @@ def test_an_unavailable_segment_impl_falls_back_on_the_device(monkeypatch):
 
 
 @pytest.mark.parametrize("path", sorted(ROOT_PROFILES.glob("*.toml")), ids=lambda path: path.name)
-def test_committed_tau_profiles_decide_as_the_tau_rule(path):
-    """The committed profiles keep their file and their rule: bytes < tau_bytes -> small_impl, else large_impl,
-    read here from the raw TOML, not through Profile."""
+def test_committed_profiles_decide_as_their_rule(path):
+    """The committed profiles keep their file and their rule, read here from the raw TOML, not through
+    Profile: a τ rule (bytes < tau_bytes -> small_impl, else large_impl) or a per-size rule (the first
+    segment whose exclusive upper bound is above the bytes)."""
     tomllib = pytest.importorskip("tomllib")
     raw = tomllib.loads(path.read_text())
     profile = thresholds.read_profile(path)
-    assert thresholds.dumps(profile) == path.read_text()  # the new writer writes them unchanged
+    assert thresholds.dumps(profile) == path.read_text()  # the writer writes them unchanged
     for batch in (1, 4, 32, 256, 4096, 65536):
         for gamma, kv_dim, alpha in ((4, 64, 0.3), (8, 128, 0.9), (128, 1024, 0.6), (32, 4096, 0.9)):
             kv_bytes = batch * alpha * gamma * kv_dim * 2
-            expected = raw["small_impl"] if kv_bytes < raw["tau_bytes"] else raw["large_impl"]
+            if "tau_bytes" in raw:
+                expected = raw["small_impl"] if kv_bytes < raw["tau_bytes"] else raw["large_impl"]
+            else:
+                expected = next(impl for upper, impl in zip(raw["segment_upper_bytes"], raw["segment_impls"],
+                                                            strict=True) if kv_bytes < upper)
             assert dispatch.decide(batch, gamma, kv_dim, 2, alpha, profile).impl == expected, (path.name, batch, gamma)
 
 
