@@ -14,9 +14,9 @@ SINGLE_BLOCK_MAX_BATCH = 32  # fused_single_block: one warp per sequence, one bl
 # fused: csrc/fused.cu up to this B — its replicated driver (every block re-verifies all B sequences, then
 # copies its share: no look-back, one round trip shorter), or its cooperative driver when the tokens pass
 # 160 KiB (γ > ~640 with int64 tokens) — the single-pass scan kernel above it (the fused_scan kernel), and
-# fused.cu's cooperative driver again past the scan's SCAN_MAX_BATCH. Measured on the
-# H200's scale-kv grid (warm L2, GPU time): the replicated driver won 58 of 64 configs at b <= 8, the
-# scan every one from b = 256 up, and b = 32 split 14 to 18 by α (docs/perf-notes.md, "Tiles of one wave").
+# fused.cu's cooperative driver again past the scan's SCAN_MAX_BATCH. Measured on the H200's scale-kv
+# grid (warm L2, GPU time): the replicated driver won 58 of 64 configs at b <= 8, the scan 157 of 158
+# from b = 256 up, and b = 32 split 14 / 16 (2 ties) (docs/perf-notes.md, "Tiles of one wave").
 FUSED_REPLICATED_MAX_BATCH = 16
 
 
