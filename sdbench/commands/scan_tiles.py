@@ -23,11 +23,8 @@ import torch
 from sdbench import registry
 from sdbench.measure import timing
 from sdbench.ops import make_workload
-from sdbench.ops.backends import cuda_ops
-from sdbench.ops.pack.cuda_impls import pack_outputs
-from sdbench.ops.pack.scan_impls import scan_state
-from sdbench.ops.verify.cuda_impls import verify_outputs
 from sdbench.ops.verify_pack.reference import verify_pack
+from sdbench.ops.verify_pack.scan_impls import prepare_fused_scan
 from sdbench.ops.workload import VerifyConfig
 
 PEERS = ("fused", "ballot+pack_cuda", "ballot+pack_scan")
@@ -63,16 +60,6 @@ def parse_points(text: str) -> list[VerifyConfig]:
     return points
 
 
-def _fused_scan(workload, changes: dict[str, int]):
-    """fused_scan with a changed tile rule: the registered implementation's call, plus the keywords."""
-    op = cuda_ops().fused_scan
-    out = {**verify_outputs(workload), **pack_outputs(workload, error_flags=False)}
-    args = (workload.draft_tokens, workload.target_tokens, workload.draft_kv, out["accepted_lengths"],
-            out["has_mismatch"], out["next_tokens"], out["packed_kv"], out["packed_offsets"],
-            scan_state(workload.device))
-    return lambda: op(*args, **changes), out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--points", required=True, help="batch:γ:α:kv_dim,...")
@@ -92,12 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         expected = verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv)  # the reference
         total = int(expected["accepted_lengths"].sum())
         for variant in variants:
-            run, out = _fused_scan(workload, changes[variant])
-            run()
-            for name in ("accepted_lengths", "next_tokens", "packed_offsets"):
-                assert torch.equal(out[name], expected[name]), f"{variant}: {name} differs from fused"
+            run = prepare_fused_scan(workload, **changes[variant])
+            out = run()
+            for name in ("accepted_lengths", "has_mismatch", "next_tokens", "packed_offsets"):
+                assert torch.equal(out[name], expected[name]), f"{variant}: {name} differs from the reference"
             assert torch.equal(out["packed_kv"][:total], expected["packed_kv"][:total]), f"{variant}: packed_kv"
-            assert torch.equal(out["has_mismatch"], expected["has_mismatch"]), f"{variant}: has_mismatch"
             runs[f"fused_scan[{variant}]"] = run
         accepted_bytes = total * cfg.kv_dim * workload.draft_kv.element_size()
         for l2 in args.l2.split(","):

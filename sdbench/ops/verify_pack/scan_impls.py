@@ -18,12 +18,14 @@ from sdbench.ops.workload import VerifyWorkload
 from sdbench.registry import BufferedRun, Implementation, Outputs, register
 
 
-def prepare_fused_scan(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
+def prepare_fused_scan(w: VerifyWorkload, out: Outputs | None = None, **tiling: int) -> BufferedRun:
+    """tiling: the kernel's tile-rule keywords (tile_waves, tile_max_bytes, tile_min_bytes,
+    look_back_groups; none: its defaults), which sdbench.commands.scan_tiles varies."""
     op = cuda_ops().fused_scan
     out = out if out is not None else {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
     args = (w.draft_tokens, w.target_tokens, w.draft_kv, out["accepted_lengths"], out["has_mismatch"],
             out["next_tokens"], out["packed_kv"], out["packed_offsets"], stream_scan_state(w.device))
-    return BufferedRun(lambda: op(*args), out)
+    return BufferedRun(lambda: op(*args, **tiling), out)
 
 
 def _prepare_ballot_pack_scan(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
