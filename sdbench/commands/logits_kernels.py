@@ -6,7 +6,9 @@
 A point is batch:γ:V:dtype (bf16 or fp32). A variant is `vllm` (vllm_v2_style) or fused_logits with
 '+'-joined changes to its default plans: `scan` / `noscan` (where the token rule's accept scan runs),
 `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM, spans rounded up),
-`r<ROWS>x<N>` (race: 4·ROWS columns a step, about N programs per SM); `default` changes nothing.
+`r<ROWS>x<N>` (race: 4·ROWS columns a step, about N programs per SM), `race` / `cdf` (how fast mode
+draws the residual token: the exponential race or by inversion), `combine` / `nocombine` (pass 1 combines
+each row's partials, or every race program does; nocombine scans in the race); `default` changes nothing.
 Each (point, variant, L2) prints one line: the kernels' CUPTI durations, each the median over the timed
 calls times its launches per call, fast randomness. The rows are written as JSON (--out).
 """
@@ -42,6 +44,12 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int) -> 
             continue
         if part in ("scan", "noscan"):
             changes["scan_in_pass_one"] = part == "scan"
+        elif part in ("race", "cdf"):
+            changes["sample"] = part
+        elif part in ("combine", "nocombine"):
+            changes["combine"] = part == "combine"
+            if part == "nocombine":
+                changes["scan_in_pass_one"] = False
         elif part.startswith("span"):
             span = max(tk.STATS_TILE, int(part[4:]) // tk.STATS_TILE * tk.STATS_TILE)
             changes["stats_plan_"] = tk.StatsPlan(span=span, splits=triton.cdiv(vocab, span))

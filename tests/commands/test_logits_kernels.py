@@ -15,8 +15,9 @@ def test_default_changes_nothing():
 
 
 def test_parts_combine_into_launcher_arguments():
-    changes = plan_changes("noscan+span8192+r256x8", 32, 8, 128256, 132)
+    changes = plan_changes("noscan+span8192+r256x8+race", 32, 8, 128256, 132)
     assert changes["scan_in_pass_one"] is False
+    assert changes["sample"] == "race"
     assert changes["stats_plan_"] == tk.StatsPlan(span=8192, splits=16)
     race = changes["race_plan"]
     # 126 chunks of 1024 columns; 32·126 = 4032 chunks over 8·132 = 1056 programs -> 3 steps, 42 programs a row

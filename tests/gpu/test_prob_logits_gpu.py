@@ -1,6 +1,7 @@
 """prob_verify_logits on CUDA: parity of every implementation with the reference over a grid (mixed
 temperatures, bf16 and fp32), fast mode deterministic and graph-capturable, the designs agreeing on
-fast-mode tokens, the χ² exactness of the kernels from logits, and the grid's largest point running.
+fast-mode accept tests (and on every token when fused_logits draws by the race), the χ² exactness of
+the kernels from logits, and the grid's largest point running.
 
 Parity contract: tokens and lengths bit for bit against reference.prob_verify_logits (float32) on the
 same supplied randomness. The kernels compute the same softmax with another summation order, so a
@@ -84,9 +85,8 @@ def test_fast_mode_advances_on_the_device_and_the_designs_agree(dtype):
     at_six = _snapshot(registry.get("prob_verify_logits", "fused_logits").prepare(fast.with_randomness("fast", 6))())
     for name in first:
         assert torch.equal(second[name], at_six[name]), name
-    for name in vllm_first:  # the peer writes no error_flags
-        assert torch.equal(first[name], vllm_first[name]), name
-        assert torch.equal(second[name], vllm_second[name]), name
+    for ours, peers in ((first, vllm_first), (second, vllm_second)):  # the same accept tests (the residual
+        _assert_accept_alike(ours, peers)                              # draw differs: inversion, not the race)
     assert not torch.equal(first["output_tokens"], second["output_tokens"])
     assert bool((fused.philox_offsets == 7).all()) and bool((vllm.philox_offsets == 7).all())
 
@@ -180,4 +180,30 @@ def test_the_grids_largest_point_runs():
     assert bool(((fused["next_tokens"] >= 0) & (fused["next_tokens"] < 151936)).all())
     assert torch.equal(fused["output_tokens"].gather(1, k[:, None]).squeeze(1), fused["next_tokens"])
     vllm = _snapshot(registry.get("prob_verify_logits", "vllm_v2_style").prepare(fast)())
-    assert torch.equal(fused["output_tokens"], vllm["output_tokens"])
+    _assert_accept_alike(fused, vllm)
+
+
+def _assert_accept_alike(ours: dict, peers: dict) -> None:
+    """The same lengths and accepted drafts (fast mode draws the accept uniforms alike in every design)."""
+    k = peers["accepted_lengths"]
+    accepted = torch.arange(ours["output_tokens"].shape[1], device=k.device)[None, :] < k[:, None]
+    assert torch.equal(ours["accepted_lengths"], k)
+    assert torch.equal(ours["output_tokens"][accepted], peers["output_tokens"][accepted])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_drawing_by_the_race_makes_the_peers_draws(dtype):
+    """fused_logits with sample="race" draws the exponential race on the Philox streams vllm_v2_style uses:
+    every output equal, the residual tokens included."""
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    w = make_logits_workload(LogitsConfig(32, 8, vocab_size=128256, logits_dtype=dtype, seed=8), DEVICE)
+    w = w.with_randomness("fast", offset=5)
+    inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                   w.draft_temperature, w.uniforms, w.exponential_noise)
+    race = allocate_outputs(w)
+    kernels.fused_logits_launcher(inputs, race, fast=True, seed=w.seed, offset=5, sample="race")()
+    vllm = _snapshot(registry.get("prob_verify_logits", "vllm_v2_style").prepare(w)())
+    for name in vllm:
+        assert torch.equal(race[name], vllm[name]), name

@@ -87,6 +87,7 @@ NO_INDEX = tl.constexpr(2**31 - 1)  # globals a jit function reads must be const
 LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: pass 1's empty lane (see _row_stats_kernel)
 LOG2E = tl.constexpr(1.4426950408889634)
 TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_contract
+STREAM_CDF = tl.constexpr(2)  # fast mode's Philox stream of the residual draw by inversion (0: accept, 1: race)
 RACE_PROGRAMS_PER_SM = 16  # the race's programs beyond this run several chunks each (race_steps)
 RACE_CHUNK_MAX = 1024  # race columns per step: 8 per thread at 4 warps (2048: 124 registers, 1.5x slower at b=512)
 STATS_MIN_TILES = 4  # pass-1 span once the rows' tiles exceed a wave: per-program fixed costs amortised
@@ -108,6 +109,35 @@ def _inverse_temperature(temperature):
     return tl.where(temperature > 0, tl.math.div_rn(tl.zeros_like(safe) + 1.0, safe), 1.0)
 
 
+@triton.jit
+def _exp2(x, FTZ: tl.constexpr):
+    """2^x; FTZ (CUDA): the bare MUFU.EX2 (ex2.approx.ftz), results below 2^-126 flushed to 0. Pass 1's
+    terms are summed against a max term of 1, so a flushed term changes no sum; tl.exp2's denormal
+    handling costs two instructions a logit."""
+    if FTZ:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _fold_tile(x, m, s, arg, first_cols, scale, greedy, FTZ: tl.constexpr):
+    """Fold one tile x [lanes, VEC] into each lane's running max m, Σ2^((x - m)·scale) s and (greedy rows)
+    first argmax, over the lane's VEC logits at once: a max over VEC values in one thread, then one
+    exp2 per logit and one per lane to rescale s (six instructions a logit, bf16's conversion included,
+    against twelve for a running max per logit). m runs on the raw logits; -FLT_MAX start, so a -inf
+    logit adds 2^-inf = 0 and never NaN."""
+    tile_max = tl.max(x, axis=1)
+    grown = tl.maximum(m, tile_max)
+    terms = _exp2((x - grown[:, None]) * scale, FTZ)
+    s = s * _exp2((m - grown) * scale, FTZ) + tl.sum(terms, axis=1)
+    if greedy:  # the first column of the lane's max: a strictly larger tile max, or the lane's first finite one
+        first = first_cols + tl.argmax(x, axis=1, tie_break_left=True).to(tl.int32)
+        arg = tl.where((tile_max > m) | ((arg == NO_INDEX) & (tile_max == grown)), first, arg)
+    return grown, s, arg
+
+
 # --- pass 1: per-row (max, Σexp, argmax) partials -----------------------------------------------
 @triton.jit(do_not_specialize=["seed"])
 def _row_stats_kernel(
@@ -117,18 +147,19 @@ def _row_stats_kernel(
     seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
-    FAST: tl.constexpr,
+    FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr,
 ):
     """Grid (B·(2γ+1), splits). Program (row, s): columns [s·span, min((s+1)·span, V)) of one row, TILE
-    at a time, each lane of the tile keeping its own running max m and Σexp(z - m) (and, on a greedy row,
-    the first column of its max) so the loop needs no reduction across threads: one exp per logit,
-    exp(-|x - m|·c), serves both cases (x <= m: add it; x > m: rescale the sum by it and add 1). The lanes
-    combine once, at the end of the span. m runs on the raw logits (c = log2(e)/T folds the temperature
-    into the exponent's multiply); the stored max is max(x)·(1/T), the same float as max(x·(1/T)),
-    since rounding a product by a positive number is monotonic. Lanes start at -FLT_MAX, not -inf, so a
-    masked or -inf logit adds exp2(-inf) = 0 and never NaN (a span of -inf logits leaves s = 0). The next
-    tile is loaded before this one is folded in (two tiles in flight per program). Registers: the lanes'
-    m, s and (greedy rows) argmax, and two tiles of logits: 8 + 8 + 8 + 2·8 per thread at 4 warps.
+    at a time, as TILE/VEC lanes of VEC adjacent logits (one 16-byte load a lane: VEC = 8 bf16 or 4 fp32).
+    Each lane keeps its own running max m and Σexp(z - m) (and, on a greedy row, the first column of its
+    max), folding in its VEC logits of a tile at once (`_fold_tile`), so the loop needs no reduction
+    across threads; the lanes combine once, at the end of the span. m runs on the raw logits (c =
+    log2(e)/T folds the temperature into the exponent's multiply); the stored max is max(x)·(1/T), the
+    same float as max(x·(1/T)), since rounding a product by a positive number is monotonic. The span's
+    whole tiles load unmasked, the next one while this one is folded in (two tiles in flight per program);
+    only the row's last, partial tile is masked (-inf: it adds 2^-inf = 0; a span of -inf logits leaves s
+    = 0). Registers (bf16, measured with ptxas for sm_90): 40 a thread, against 63 with a running max per
+    logit, so 12 programs fit an SM, not 8.
     COMBINE (fused_logits): the row's last program to arrive (arrivals_ptr, int32 per row, left zeroed)
     combines the row's `splits` partials into row_*_ptr[row] (one program per row writes there directly),
     so the race reads 2γ+1 numbers per sequence, not (2γ+1)·splits in every one of its programs. Without
@@ -151,21 +182,24 @@ def _row_stats_kernel(
     greedy = temperature == 0
     start = split * span
     end = tl.minimum(start + span, vocab)
-    m = tl.full([TILE], LOWEST, tl.float32)
-    s = tl.zeros([TILE], tl.float32)
-    arg = tl.full([TILE], NO_INDEX, tl.int32)
-    cols = start + tl.arange(0, TILE)
-    x = tl.load(base + cols, mask=cols < end, other=float("-inf")).to(tl.float32)
-    for tile_start in range(start + TILE, end + TILE, TILE):
-        next_cols = tile_start + tl.arange(0, TILE)  # past the span on the last step: masked, nothing read
-        next_x = tl.load(base + next_cols, mask=next_cols < end, other=float("-inf")).to(tl.float32)
-        grew = x > m
-        e = tl.exp2(-tl.abs(x - m) * scale)
-        s = tl.where(grew, s * e + 1.0, s + e)
-        if greedy:  # the first column of the lane's max; a lane of -FLT_MAX logits never "grows": take its first
-            arg = tl.where(grew | ((arg == NO_INDEX) & (x == m)), tile_start - TILE + tl.arange(0, TILE), arg)
-        m = tl.maximum(m, x)
-        x = next_x
+    lanes = tl.arange(0, TILE // VEC)
+    offsets = lanes[:, None] * VEC + tl.arange(0, VEC)[None, :]  # [lanes, VEC]: one 16-byte load a lane
+    m = tl.full([TILE // VEC], LOWEST, tl.float32)
+    s = tl.zeros([TILE // VEC], tl.float32)
+    arg = tl.full([TILE // VEC], NO_INDEX, tl.int32)
+    full_tiles = (end - start) // TILE
+    if full_tiles > 0:  # the span's whole tiles, no mask: the next tile loads while this one is folded in
+        x = tl.load(base + start + offsets).to(tl.float32)
+        for t in range(1, full_tiles + 1):
+            # the last step re-loads the last whole tile (an L1 hit) rather than read past the whole tiles
+            next_x = tl.load(base + start + tl.minimum(t, full_tiles - 1) * TILE + offsets).to(tl.float32)
+            m, s, arg = _fold_tile(x, m, s, arg, start + (t - 1) * TILE + lanes * VEC, scale, greedy, FTZ_EXP2)
+            x = next_x
+    tail = start + full_tiles * TILE
+    if tail < end:  # the row's last, partial tile
+        cols = tail + offsets
+        x = tl.load(base + cols, mask=cols < end, other=float("-inf")).to(tl.float32)
+        m, s, arg = _fold_tile(x, m, s, arg, tail + lanes * VEC, scale, greedy, FTZ_EXP2)
     row_max = tl.max(m, axis=0)
     total = tl.sum(s * tl.exp2((m - row_max) * scale), axis=0)
     first = tl.full([], NO_INDEX, tl.int32)
@@ -446,16 +480,24 @@ def _block_mass_kernel(
 
 
 @triton.jit
-def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
-              max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
-              SCALED: tl.constexpr):
-    """Packed race keys w/E at cols of row k, w = p - q (q := 0 at the bonus row); -1 where w <= 0.
-    Supplied randomness computes p and q as the reference does (IEEE division, the precise exp); fast mode,
-    whose draws are exact in distribution and never compared bit for bit, uses the hardware exp and one
-    multiply by 1/S (a relative error of a few 1e-7 in p and q, against ~60 instructions per column saved).
-    SCALED (the block rule): w = target_scale·p - q, target_scale = w_τ below γ and 1 at the bonus row."""
-    inside = cols < vocab
-    z_t = tl.load(target_row + cols, mask=inside, other=float("-inf")).to(tl.float32) * inverse_t
+def _row_logits(target_row, draft_row, cols, vocab, has_draft):
+    """The raw target and draft logits at cols of row k (-inf where masked; no draft row at the bonus row)."""
+    z_t = tl.load(target_row + cols, mask=cols < vocab, other=float("-inf"))
+    z_d = tl.load(draft_row + cols, mask=cols < tl.where(has_draft, vocab, 0), other=float("-inf"))
+    return z_t, z_d
+
+
+@triton.jit
+def _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t, max_d, sum_d, arg_d,
+                 target_scale, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr):
+    """(w, p) from row k's raw logits at cols: w = p - q (q := 0 at the bonus row; positive where the
+    residual is), p the target's probability. Supplied randomness computes p and q as the reference does
+    (IEEE division, the precise exp); fast mode, whose draws are exact in distribution and never compared
+    bit for bit, uses the hardware exp and one multiply by 1/S (a relative error of a few 1e-7 in p and q,
+    against ~60 instructions per column saved). Elementwise: a column's w is the same float whatever the
+    shape of cols. SCALED (the block rule): w = target_scale·p - q, target_scale = w_τ below γ and 1 at
+    the bonus row."""
+    z_t = z_t.to(tl.float32) * inverse_t
     if FAST:  # in-kernel randomness is exact in distribution, never bit-compared: the hardware exp, one multiply
         p = tl.exp(z_t - max_t) * (1.0 / sum_t)
     else:
@@ -463,19 +505,76 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
     if SCALED:
         p = target_scale * p
     draft_inside = cols < tl.where(has_draft, vocab, 0)
-    z_d = tl.load(draft_row + cols, mask=draft_inside, other=float("-inf")).to(tl.float32) * inverse_d
+    z_d = z_d.to(tl.float32) * inverse_d
     if FAST:
         q = tl.exp(z_d - max_d) * (1.0 / sum_d)
     else:
         q = tl.math.div_rn(_exp(z_d - max_d, PRECISE_MATH), sum_d)
     q = tl.where(greedy_d, tl.where(cols == arg_d, 1.0, 0.0), q)
     q = tl.where(draft_inside, q, 0.0)
-    residual = p - q
+    return p - q, p
+
+
+@triton.jit
+def _row_residual(target_row, draft_row, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
+                  max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
+                  SCALED: tl.constexpr):
+    """`_residual_of` at cols of row k, loaded here."""
+    z_t, z_d = _row_logits(target_row, draft_row, cols, vocab, has_draft)
+    return _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t, max_d, sum_d,
+                        arg_d, target_scale, PRECISE_MATH, FAST, SCALED)
+
+
+@triton.jit
+def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
+              max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
+              SCALED: tl.constexpr):
+    """Packed race keys w/E at cols of row k (`_row_residual`); -1 where w <= 0."""
+    residual, p = _row_residual(target_row, draft_row, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
+                                max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH, FAST, SCALED)
     if FAST:
         key = residual / noise
     else:
         key = tl.math.div_rn(residual, noise)  # IEEE, as PyTorch's w / E
     return _pack(tl.where(residual > 0, key, -1.0), cols), p
+
+
+@triton.jit
+def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft, inverse_t, inverse_d, greedy_d,
+              max_t, sum_t, max_d, sum_d, arg_d, target_scale, seed, offset,
+              CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr, SCALED: tl.constexpr):
+    """Fast mode's residual draw by inversion, two levels, with one 53-bit uniform u (two Philox words):
+    the chunk c whose float64 cumulative mass first exceeds u·M (M = Σ of the `chunks` float32 chunk
+    masses m_c at chunk_mass_ptr, written by the race programs), then, within c's CHUNK columns (computed
+    again: the same floats), the first column whose float64 cumulative w exceeds the same fraction of c's
+    own float64 sum. A column is drawn with probability (m_c / M)·(w_x / Σ_c w): w_x / M up to the
+    float32 rounding of m_c (a relative ~1e-7, as the race's w/E keys have), so no column's probability is
+    quantised by u's or a running sum's resolution. m_c is the chunk's tl.sum, so the draw depends on the
+    race plan's chunking through that rounding only. Returns the column, or -1 when M = 0."""
+    index = tl.arange(0, CHUNKS_PAD)
+    mass = tl.load(chunk_mass_ptr + b * chunks + index, mask=index < chunks, other=0.0,
+                   cache_modifier=".cg").to(tl.float64)
+    cumulative = tl.cumsum(mass, axis=0)
+    total = tl.sum(mass, axis=0)
+    zero = tl.zeros([1], tl.uint32)
+    r0, r1, _, _ = tl.philox(seed, zero, zero + b.to(tl.uint32), zero + offset.to(tl.uint32), zero + STREAM_CDF)
+    u = tl.sum((r0.to(tl.float64) + r1.to(tl.float64) * 2.3283064365386963e-10) * 2.3283064365386963e-10, axis=0)
+    threshold = u * total
+    last = tl.max(tl.where(mass > 0, index, -1), axis=0)
+    chunk = tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last)
+    chunk_mass = tl.sum(tl.where(index == chunk, mass, 0.0), axis=0)
+    before = tl.sum(tl.where(index == chunk, cumulative, 0.0), axis=0) - chunk_mass
+    fraction = (threshold - before) / tl.where(chunk_mass > 0, chunk_mass, 1.0)
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    w, _ = _row_residual(target_row, draft_row, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
+                         max_t, sum_t, max_d, sum_d, arg_d, target_scale, True, True, SCALED)
+    w = tl.where(w > 0, w, 0.0).to(tl.float64)
+    within = tl.cumsum(w, axis=0)
+    # the fraction of c's own sum, so the two levels agree however the chunk's floats were grouped
+    below = tl.sum((within <= fraction * tl.sum(w, axis=0)).to(tl.int32), axis=0)
+    last_col = tl.max(tl.where(w > 0, tl.arange(0, CHUNK), -1), axis=0)
+    pick = chunk * CHUNK + tl.minimum(below, last_col)
+    return tl.where((total > 0) & (last >= 0), pick, -1)
 
 
 @triton.jit
@@ -521,11 +620,12 @@ def _logits_race_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-    seed, vocab, mass_splits, chunks,
+    chunk_mass_ptr, seed, vocab, mass_splits, chunks, stats_splits,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
-    FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr,
+    FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
+    STATS_PAD: tl.constexpr,
 ):
     """Grid (B, chunks); program (b, c) owns STEPS chunks of 4·ROWS columns of the stopping row, columns
     [c·STEPS·4·ROWS, (c+1)·STEPS·4·ROWS): at large B, where the chunks alone would fill the machine many
@@ -551,7 +651,9 @@ def _logits_race_kernel(
     greedy_t, greedy_d = temperature_t == 0, temperature_d == 0
     inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
     # every row's stats at once, independent of the stop (one L2 round trip beside the stop's, not after it)
-    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, 1, GAMMA, R_PAD, 1)
+    # (stats_splits > 1: pass 1 left its partials uncombined, `fused_logits_launcher`'s combine=False)
+    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, stats_splits,
+                                                GAMMA, R_PAD, STATS_PAD)
     if SCANNED:  # token rule, pass 1 ran the scan
         k = tl.load(stop_ptr + b)
         target_scale = 1.0
@@ -576,22 +678,46 @@ def _logits_race_kernel(
         draft_row = draft_ptr + b * stride_q_b + draft_k * stride_q_row
         max_d, sum_d = _pick(row_max, draft_k + GAMMA + 1, R_PAD), _pick(row_sum, draft_k + GAMMA + 1, R_PAD)
         arg_d = _pick(row_arg, draft_k + GAMMA + 1, R_PAD)
-        best = tl.full([ROWS, 4], -1, tl.int64)  # below every positive key; a max <= 0 means "no w > 0"
-        for step in range(STEPS):
-            start = (tl.program_id(1) * STEPS + step) * (4 * ROWS)
-            cols = _chunk_columns(start, ROWS)  # past V: masked, nothing read, key -1
-            noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
-            # block: at τ < γ the target row is scaled by w_τ; the bonus row (τ = γ) is p_γ as it is
-            keys, _ = _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
-                                max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH, FAST, RULE == "block")
-            best = tl.maximum(best, keys)
-        tl.atomic_max(best_ptr + b, tl.max(tl.max(best, axis=1), axis=0), sem="relaxed")
+        if CDF:  # fast mode by inversion: each chunk's residual mass; the last arrival draws (`_cdf_pick`)
+            first = tl.program_id(1) * STEPS
+            cols = _chunk_columns(first * (4 * ROWS), ROWS)  # past V: masked, nothing read, mass 0
+            z_t, z_d = _row_logits(target_row, draft_row, cols, vocab, has_draft)
+            for step in range(STEPS):  # the next chunk's logits load while this chunk's are summed
+                next_cols = _chunk_columns((first + tl.minimum(step + 1, STEPS - 1)) * (4 * ROWS), ROWS)
+                next_t, next_d = _row_logits(target_row, draft_row, next_cols, vocab, has_draft)
+                w, _ = _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t,
+                                    max_d, sum_d, arg_d, target_scale, True, True, RULE == "block")
+                tl.store(chunk_mass_ptr + b * chunks * STEPS + first + step, tl.sum(tl.where(w > 0, w, 0.0)))
+                cols, z_t, z_d = next_cols, next_t, next_d
+        else:
+            best = tl.full([ROWS, 4], -1, tl.int64)  # below every positive key; a max <= 0 means "no w > 0"
+            for step in range(STEPS):
+                start = (tl.program_id(1) * STEPS + step) * (4 * ROWS)
+                cols = _chunk_columns(start, ROWS)  # past V: masked, nothing read, key -1
+                noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
+                # block: at τ < γ the target row is scaled by w_τ; the bonus row (τ = γ) is p_γ as it is
+                keys, _ = _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, inverse_d,
+                                    greedy_d, max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH, FAST,
+                                    RULE == "block")
+                best = tl.maximum(best, keys)
+            tl.atomic_max(best_ptr + b, tl.max(tl.max(best, axis=1), axis=0), sem="relaxed")
     arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
     if arrived == chunks - 1:
-        winner = tl.atomic_xchg(best_ptr + b, 0, sem="relaxed")
         if greedy_t:
             next_token = _pick(row_arg, k, R_PAD).to(tl.int64)
+        elif CDF:
+            # (a greedy target skipped the masses: its branch above is the same scalar test)
+            draft_row = draft_ptr + b * stride_q_b + draft_k * stride_q_row
+            max_d, sum_d = _pick(row_max, draft_k + GAMMA + 1, R_PAD), _pick(row_sum, draft_k + GAMMA + 1, R_PAD)
+            arg_d = _pick(row_arg, draft_k + GAMMA + 1, R_PAD)
+            next_token = _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks * STEPS, has_draft,
+                                   inverse_t, inverse_d, greedy_d, max_t, sum_t, max_d, sum_d, arg_d, target_scale,
+                                   seed, offset, 4 * ROWS, CHUNKS_PAD, RULE == "block").to(tl.int64)
+            if next_token < 0:  # w = 0 everywhere (p = q to the bit): the target's own draw
+                next_token = _token_of(_target_race(target_row, noise_row, b, vocab, inverse_t, max_t, sum_t, seed,
+                                                    offset, ROWS, PRECISE_MATH, FAST))
         else:
+            winner = tl.atomic_xchg(best_ptr + b, 0, sem="relaxed")
             if winner <= 0:
                 winner = _target_race(target_row, noise_row, b, vocab, inverse_t, max_t, sum_t, seed, offset,
                                       ROWS, PRECISE_MATH, FAST)
@@ -826,6 +952,19 @@ def default_scan_in_pass_one(batch: int, gamma: int, race: RacePlan, device: tor
     return batch * race.programs >= full and 4 * race.programs >= 2 * gamma + 1
 
 
+def default_combine(batch: int, race: RacePlan, device: torch.device) -> bool:
+    """Whether pass 1 combines each row's partials (fused_logits_launcher). Combining costs an acq_rel arrival
+    per pass-1 program and rules out nothing; not combining makes every race program combine (2γ+1)·splits
+    partials and scan, which costs throughput only where the race fills the machine (the rule of
+    `default_scan_in_pass_one`'s first half). Measured on the H200 (GPU µs, cold, pass 1 + race): b=1, γ=16,
+    V=128256 bf16 11.8 without against 12.5 with; b=32, γ=8, V=128256 bf16 79.7 against 71.6."""
+    if device.type == "cuda":
+        full = RACE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        full = 2 * batch  # the interpreter: the rule's shape, at the interpreter's race plan
+    return batch * race.programs >= full
+
+
 def _precise_math(device: torch.device) -> bool:
     return device.type == "cuda" and not INTERPRETED
 
@@ -858,6 +997,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
     meta = dict(GAMMA=gamma, TILE=tile, COMBINE=combine, SPLITS_PAD=triton.next_power_of_2(plan.splits),
                 SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
+                VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
                 num_warps=STATS_WARPS if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
@@ -865,31 +1005,48 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
 def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int = 0,
                           offset: int = 0, stats_plan_: StatsPlan | None = None, rule: str = "token",
                           mass_plan: StatsPlan | None = None, race_plan: RacePlan | None = None,
-                          scan_in_pass_one: bool | None = None):
+                          scan_in_pass_one: bool | None = None, sample: str | None = None,
+                          combine: bool | None = None):
     """Two launches (stats, race) into outputs; the block rule adds the residual-mass pass between them
     when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here, once. scan_in_pass_one (token rule):
-    where the accept scan runs, pass 1 or every race program; None: `default_scan_in_pass_one`."""
+    where the accept scan runs, pass 1 or every race program; None: `default_scan_in_pass_one`. sample (fast
+    mode): how the residual token is drawn, "cdf" (by inversion, `_cdf_pick`; the default) or "race" (the
+    exponential race on Philox noise per column, the draws vllm_v2_style makes); supplied randomness is the
+    race on the supplied noise, as the reference defines it. combine: pass 1's last program of a row
+    combines the row's partials (an arrival atomic per program), or (False) every race program combines
+    them itself, which rules out the scan in pass 1; None: `default_combine`."""
     if scan_in_pass_one and rule == "block":
         raise ValueError("scan_in_pass_one is for the token rule: the block rule's stop needs the mass pass")
+    if sample not in (None, "cdf", "race"):
+        raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
+    cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device)
     race = race_plan or default_race_plan(batch, vocab, device)
+    if combine is None:
+        combine = rule == "block" or bool(scan_in_pass_one) or default_combine(batch, race, device)
+    if not combine and scan_in_pass_one:
+        raise ValueError("scan_in_pass_one needs combine: the scan reads each row's combined stats")
     partials = allocate_stats(batch, gamma, plan.splits, device)
-    stats = allocate_stats(batch, gamma, 1, device)  # each row's partials combined by its last pass-1 program
+    # each row's partials combined by its last pass-1 program; or (combine=False) the partials themselves
+    stats = allocate_stats(batch, gamma, 1, device) if combine else partials
+    stats_splits = 1 if combine else plan.splits
     row_arrivals = torch.zeros(batch * (2 * gamma + 1), dtype=torch.int32, device=device)
     best = torch.zeros(batch, dtype=torch.int64, device=device)
     arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
     sequence_arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
     stop = torch.empty(batch, dtype=torch.int32, device=device)
+    chunks = race.programs * race.steps  # the stopping row's chunks of 4·rows columns, each one mass (cdf)
+    chunk_mass = torch.empty(batch * chunks if cdf else 1, dtype=torch.float32, device=device)
     offsets = philox_offsets(batch, offset, device)  # fast mode advances them on the device, call by call
     if scan_in_pass_one is None:
-        scan_in_pass_one = rule == "token" and default_scan_in_pass_one(batch, gamma, race, device)
+        scan_in_pass_one = combine and rule == "token" and default_scan_in_pass_one(batch, gamma, race, device)
     scan = None
     if scan_in_pass_one:
         scan = dict(offsets=offsets, sequence_arrivals=sequence_arrivals, stop=stop,
                     error_flags=outputs["error_flags"], fast=fast, seed=seed)
-    launches = [_stats_launch(t, partials, plan, combined=stats + (row_arrivals,), scan=scan)]
+    launches = [_stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None, scan=scan)]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
@@ -897,21 +1054,22 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     mass = torch.empty(max(1, mass_rows * mass_plan.splits), dtype=torch.float32, device=device)
     if mass_rows:
         mass_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
-                     mass, vocab, 1, mass_plan.span, mass_plan.splits, t.draft_tokens.stride(0),
+                     mass, vocab, stats_splits, mass_plan.span, mass_plan.splits, t.draft_tokens.stride(0),
                      t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
                      t.draft_logits.stride(1))
-        mass_meta = dict(pads, SPLITS_PAD=1, TILE=TILE, num_warps=STATS_WARPS if not INTERPRETED else 1)
+        mass_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(stats_splits), TILE=TILE, num_warps=STATS_WARPS if not INTERPRETED else 1)
         launches.append(BoundLaunch(_block_mass_kernel, (mass_rows, mass_plan.splits), mass_args, mass_meta, device))
     args = (
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
         t.exponential_noise, *stats, mass, stop, outputs["accepted_lengths"], outputs["next_tokens"],
-        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, seed, vocab,
-        mass_plan.splits, race.programs, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
+        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, chunk_mass, seed, vocab,
+        mass_plan.splits, race.programs, stats_splits, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
         t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0),
         outputs["output_tokens"].stride(0),
     )
     meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=race.steps, FAST=fast,
-                RULE=rule, SCANNED=scan is not None, num_warps=race.num_warps)
+                RULE=rule, SCANNED=scan is not None, CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
+                STATS_PAD=triton.next_power_of_2(stats_splits), num_warps=race.num_warps)
     launches.append(BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device))
 
     def launch() -> None:
@@ -920,6 +1078,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 
     launch.scratch = (best, arrivals, row_arrivals, sequence_arrivals)  # tests check they are left zeroed
     launch.scan_in_pass_one = scan is not None
+    launch.sample = "cdf" if cdf else "race"
     launch.philox_offsets = offsets
     return launch
 

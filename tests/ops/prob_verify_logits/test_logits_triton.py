@@ -3,8 +3,8 @@ per case, as tests/ops/prob_verify/test_prob_triton.py does).
 
 Supplied randomness: tokens and lengths of `fused_logits`, `vllm_v2_style` and `softmax_fused_prob`
 equal the float32 reference (the sizes here are far from near-ties). Fast randomness: determinism,
-fused_logits and vllm_v2_style agree (the same Philox streams, keyed by column), the race scratch is
-left zeroed, the stats split plan covers the row. Sizes stay tiny: the interpreter runs ~10-30 ms per
+fused_logits drawing by the race and vllm_v2_style agree (the same Philox streams, keyed by column), by
+inversion they accept alike, the race scratch is left zeroed, the stats split plan covers the row. Sizes stay tiny: the interpreter runs ~10-30 ms per
 program.
 
 Block verification (rule="block"): `fused_logits` equals the float32 reference, error_flags included,
@@ -128,21 +128,35 @@ def _run_cases() -> dict[str, str | None]:
         return fast_mode_advances(fused, fast, snapshot)
 
     def equals_vllm():
+        """Drawing the residual by the race, fused_logits makes vllm_v2_style's draws, bit for bit; by
+        inversion (the default), the same accept tests: the same lengths and accepted drafts."""
+        inputs = kernels.LogitsTensors(fast.draft_tokens, fast.target_logits, fast.draft_logits,
+                                       fast.target_temperature, fast.draft_temperature, fast.uniforms,
+                                       fast.exponential_noise)
+        race = allocate_outputs(fast)
+        kernels.fused_logits_launcher(inputs, race, fast=True, seed=fast.seed, offset=fast.offset, sample="race")()
         a, b = snapshot(fused.prepare(fast)), snapshot(vllm.prepare(fast))
-        same = all(torch.equal(a[k], b[k]) for k in b)  # the peer writes no error_flags
-        return None if same else f"fused_logits {a['output_tokens'].tolist()} != vllm {b['output_tokens'].tolist()}"
+        if not all(torch.equal(race[k], b[k]) for k in b):  # the peer writes no error_flags
+            return f"fused_logits (race) {race['output_tokens'].tolist()} != vllm {b['output_tokens'].tolist()}"
+        k = b["accepted_lengths"]
+        accepted = torch.arange(fast.draft_tokens.shape[1] + 1)[None, :] < k[:, None]
+        if not (torch.equal(a["accepted_lengths"], k)
+                and torch.equal(a["output_tokens"][accepted], b["output_tokens"][accepted])):
+            return f"fused_logits (cdf) {a['output_tokens'].tolist()} accepts unlike vllm {b['output_tokens'].tolist()}"
+        return None
 
     def scratch_clean():
         inputs = kernels.LogitsTensors(fast.draft_tokens, fast.target_logits, fast.draft_logits,
                                        fast.target_temperature, fast.draft_temperature, fast.uniforms,
                                        fast.exponential_noise)
         peer = snapshot(vllm.prepare(fast))  # the first call's draws
-        for scan in (False, True):  # fast mode: the scan in pass 1 draws the race's accept uniforms
+        for scan, sample in ((False, "race"), (True, "race"), (False, "cdf"), (True, "cdf")):
+            # fast mode: the scan in pass 1 draws the race's accept uniforms
             outputs = allocate_outputs(fast)
             launch = kernels.fused_logits_launcher(inputs, outputs, fast=True, seed=fast.seed, offset=fast.offset,
-                                                   scan_in_pass_one=scan)
+                                                   scan_in_pass_one=scan, sample=sample)
             launch()
-            if not torch.equal(outputs["output_tokens"], peer["output_tokens"]):
+            if sample == "race" and not torch.equal(outputs["output_tokens"], peer["output_tokens"]):
                 return f"scan in pass 1 {scan}: {outputs['output_tokens'].tolist()} != vllm's {peer['output_tokens'].tolist()}"
             launch()
             if any(counter.any() for counter in launch.scratch):
@@ -165,7 +179,8 @@ def _run_cases() -> dict[str, str | None]:
         return None if not failures else f"stats plan violated: {failures}"
 
     def any_split():
-        """Pass 1's split of each row, and where the accept scan runs (pass 1 or every race program), change
+        """Pass 1's split of each row, where the accept scan runs (pass 1 or every race program) and who combines a
+        row's partials (pass 1 or every race program) change
         the partials, never the outputs (supplied randomness); both scans equal the reference."""
         w = make_logits_workload(LogitsConfig(3, 2, vocab_size=300, seed=9))
         w.draft_tokens[1, 1] = 300  # a bad id: its flag comes from whichever kernel scans
@@ -175,14 +190,16 @@ def _run_cases() -> dict[str, str | None]:
                                             w.draft_temperature, w.uniforms, w.exponential_noise)
         failures = []
         for span in (64, 128, 320):
-            for scan in (False, True):
+            for scan, combine in ((False, True), (True, True), (False, False)):
                 outputs = allocate_outputs(w)
                 plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
-                kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan, scan_in_pass_one=scan)()
+                kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan, scan_in_pass_one=scan,
+                                              combine=combine)()
                 if not (torch.equal(outputs["output_tokens"], want["output_tokens"])
                         and torch.equal(outputs["accepted_lengths"], want["accepted_lengths"])
                         and outputs["error_flags"].tolist() == [0, TOKEN_OUT_OF_RANGE, 0]):
-                    failures.append(f"span {span} scan in pass 1 {scan}: {outputs['output_tokens'].tolist()} "
+                    failures.append(f"span {span} scan in pass 1 {scan} combine {combine}: "
+                                    f"{outputs['output_tokens'].tolist()} "
                                     f"flags {outputs['error_flags'].tolist()} != {want['output_tokens'].tolist()}")
         return "; ".join(failures) or None
 
@@ -341,9 +358,9 @@ def _run_block_cases(record, snapshot) -> None:
         """The split of either stream changes the partials (and r_i's summation order), not the tokens."""
         w = make_logits_workload(LogitsConfig(2, 3, vocab_size=200, rule="block", seed=22))
         seen = []
-        for span, mass_span in ((64, 64), (128, 200), (200, 128)):
+        for span, mass_span, combine in ((64, 64, True), (128, 200, True), (200, 128, True), (64, 128, False)):
             outputs = allocate_outputs(w)
-            kernels.fused_logits_launcher(inputs(w), outputs, fast=False, rule="block",
+            kernels.fused_logits_launcher(inputs(w), outputs, fast=False, rule="block", combine=combine,
                                           stats_plan_=kernels.StatsPlan(span=span, splits=-(-200 // span)),
                                           mass_plan=kernels.StatsPlan(span=mass_span, splits=-(-200 // mass_span)))()
             seen.append(outputs["output_tokens"].clone())
