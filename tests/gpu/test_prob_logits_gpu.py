@@ -75,7 +75,7 @@ def test_block_rule_runs_in_torch_eager_on_cuda():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fast_mode_advances_on_the_device_and_the_designs_agree(dtype):
     """Call n of a prepared run draws at offset + n (device-side counters, no host work): it equals the first
-    call of a run prepared at that offset; both designs draw the same numbers."""
+    call of a run prepared at that offset; both designs make the same accept tests."""
     fast = make_logits_workload(LogitsConfig(32, 8, vocab_size=128256, logits_dtype=dtype, seed=8), DEVICE)
     fast = fast.with_randomness("fast", offset=5)
     fused = registry.get("prob_verify_logits", "fused_logits").prepare(fast)
@@ -171,7 +171,7 @@ def test_softmax_flashinfer_is_exact_or_says_why():
 
 
 def test_the_grids_largest_point_runs():
-    """b=512, γ=16, V=151936 float32: 10 GB of logits generated on the device, both designs agree."""
+    """b=512, γ=16, V=151936 float32: 10 GB of logits generated on the device, both designs accept alike."""
     cfg = LogitsConfig(512, 16, vocab_size=151936, seed=11)
     fast = make_logits_workload(cfg, DEVICE).with_randomness("fast")
     fused = _snapshot(registry.get("prob_verify_logits", "fused_logits").prepare(fast)())

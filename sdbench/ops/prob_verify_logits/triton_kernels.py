@@ -561,10 +561,12 @@ def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft
     u = tl.sum((r0.to(tl.float64) + r1.to(tl.float64) * 2.3283064365386963e-10) * 2.3283064365386963e-10, axis=0)
     threshold = u * total
     last = tl.max(tl.where(mass > 0, index, -1), axis=0)
-    chunk = tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last)
+    # >= 0: with M = 0 (last = -1) the chunk read below must still be inside the row (the result is unused)
+    chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
     chunk_mass = tl.sum(tl.where(index == chunk, mass, 0.0), axis=0)
     before = tl.sum(tl.where(index == chunk, cumulative, 0.0), axis=0) - chunk_mass
-    fraction = (threshold - before) / tl.where(chunk_mass > 0, chunk_mass, 1.0)
+    # >= 0: `before` may round an ulp above the threshold; 0 then takes the chunk's first positive column
+    fraction = tl.maximum((threshold - before) / tl.where(chunk_mass > 0, chunk_mass, 1.0), 0.0)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     w, _ = _row_residual(target_row, draft_row, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
                          max_t, sum_t, max_d, sum_d, arg_d, target_scale, True, True, SCALED)
@@ -574,7 +576,9 @@ def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft
     below = tl.sum((within <= fraction * tl.sum(w, axis=0)).to(tl.int32), axis=0)
     last_col = tl.max(tl.where(w > 0, tl.arange(0, CHUNK), -1), axis=0)
     pick = chunk * CHUNK + tl.minimum(below, last_col)
-    return tl.where((total > 0) & (last >= 0), pick, -1)
+    # last_col < 0 only if the recomputed chunk disagreed with its stored mass (it cannot: the same floats);
+    # never return a column outside the chunk: -1 sends the caller to the target's own draw
+    return tl.where((total > 0) & (last >= 0) & (last_col >= 0), pick, -1)
 
 
 @triton.jit
