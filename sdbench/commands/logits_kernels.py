@@ -4,11 +4,12 @@
         --variants default,noscan,scan,vllm --out kernels.json
 
 A point is batch:γ:V:dtype (bf16 or fp32). A variant is `vllm` (vllm_v2_style) or fused_logits with
-'+'-joined changes to its default plans: `scan` / `noscan` (where the token rule's accept scan runs),
-`span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM, spans rounded up),
-`r<ROWS>x<N>` (race: 4·ROWS columns a step, about N programs per SM), `race` / `cdf` (how fast mode
-draws the residual token: the exponential race or by inversion), `combine` / `nocombine` (pass 1 combines
-each row's partials, or every race program does; nocombine scans in the race); `default` changes nothing.
+'+'-joined changes to its default plans: `scan-kernel` / `scan-race` / `scan-pass1` (where the token rule's
+accept scan runs), `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM,
+spans rounded up), `r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
+`race` / `cdf` (how fast mode draws the residual token: the exponential race or by inversion), `combine` /
+`nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
+unless a scan is named); `default` changes nothing.
 Each (point, variant, L2) prints one line: the kernels' CUPTI durations, each the median over the timed
 calls times its launches per call, fast randomness. The rows are written as JSON (--out).
 """
@@ -42,14 +43,12 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int) -> 
     for part in variant.split("+"):
         if part in ("default", ""):
             continue
-        if part in ("scan", "noscan"):
-            changes["scan_in_pass_one"] = part == "scan"
+        if part.startswith("scan-") and part[5:] in ("kernel", "race", "pass1"):
+            changes["scan"] = part[5:]
         elif part in ("race", "cdf"):
             changes["sample"] = part
         elif part in ("combine", "nocombine"):
             changes["combine"] = part == "combine"
-            if part == "nocombine":
-                changes["scan_in_pass_one"] = False
         elif part.startswith("span"):
             span = max(tk.STATS_TILE, int(part[4:]) // tk.STATS_TILE * tk.STATS_TILE)
             changes["stats_plan_"] = tk.StatsPlan(span=span, splits=triton.cdiv(vocab, span))
@@ -58,12 +57,13 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int) -> 
         elif part.startswith("r"):
             race_rows, per_sm = (int(x) for x in part[1:].split("x"))
             chunks = triton.cdiv(vocab, 4 * race_rows)
-            steps = max(1, min(chunks, batch * chunks // (per_sm * sms)))
-            programs = triton.cdiv(chunks, steps)
-            changes["race_plan"] = tk.RacePlan(rows=race_rows, steps=triton.cdiv(chunks, programs), programs=programs,
+            steps = tk.race_steps(batch, chunks, per_sm * sms)
+            changes["race_plan"] = tk.RacePlan(rows=race_rows, steps=steps, programs=triton.cdiv(chunks, steps),
                                                num_warps=max(1, min(4, race_rows // 32)))
         else:
             raise ValueError(f"unknown variant part {part!r}")
+    if changes.get("combine") is False:
+        changes.setdefault("scan", "race")  # whatever order the parts came in
     return changes
 
 

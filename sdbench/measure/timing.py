@@ -14,6 +14,8 @@ Views (one per way a serving engine pays for the work):
            (a flush between copies would be timed). Callables that sync the host cannot be captured.
 - `gpu`:   device time only: CUPTI (torch.profiler) kernel, memcpy and memset durations summed per
            iteration, over a bounded number of iterations (the profiler's post-processing is the cost).
+           Warm L2: an untimed call of the same callable right before each timed one, so the L2 holds
+           its own data, not the previous callable's.
 - `cpu`:   on a CPU device, `time.perf_counter_ns` around each call.
 
 Every view runs its callables round-robin (the start rotates each round), so drift on a shared,
@@ -514,10 +516,15 @@ def _profile_session(callables, device, options, flush, results):
     with _cupti_torn_down_after(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for iteration in range(iters):
             for name in _rotation(active, iteration):
-                if flush is not None:
-                    flush()
-                torch.cuda.synchronize(device)
                 try:
+                    if flush is not None:
+                        flush()
+                    else:
+                        # warm: the L2 holds what this callable's own last call left, not the previous
+                        # callable's (in rotation a callable always follows the same one: the first
+                        # design of a grid always followed one that writes ~the whole L2)
+                        callables[name]()
+                    torch.cuda.synchronize(device)
                     with record_function(f"{_MARK}{names.index(name)}:{iteration}"):
                         callables[name]()
                 except Exception as err:

@@ -15,14 +15,25 @@ def test_default_changes_nothing():
 
 
 def test_parts_combine_into_launcher_arguments():
-    changes = plan_changes("noscan+span8192+r256x8+race", 32, 8, 128256, 132)
-    assert changes["scan_in_pass_one"] is False
+    changes = plan_changes("scan-race+span8192+r256x8+race", 32, 8, 128256, 132)
+    assert changes["scan"] == "race"
     assert changes["sample"] == "race"
     assert changes["stats_plan_"] == tk.StatsPlan(span=8192, splits=16)
     race = changes["race_plan"]
-    # 126 chunks of 1024 columns; 32·126 = 4032 chunks over 8·132 = 1056 programs -> 3 steps, 42 programs a row
-    assert (race.rows, race.steps, race.programs, race.num_warps) == (256, 3, 42, 4)
+    # 126 chunks of 1024 columns; one wave of 8·132 = 1056 programs holds 33 a row -> 4 steps, 32 programs a row
+    assert (race.rows, race.steps, race.programs, race.num_warps) == (256, 4, 32, 4)
     assert race.steps * race.programs * 4 * race.rows >= 128256
+    assert 32 * race.programs <= 8 * 132
+
+
+@pytest.mark.parametrize("variant", ["nocombine+scan-pass1", "scan-pass1+nocombine"])
+def test_a_named_scan_holds_whatever_the_order(variant):
+    assert plan_changes(variant, 32, 8, 128256, 132)["scan"] == "pass1"
+
+
+@pytest.mark.parametrize("variant", ["nocombine", "nocombine+race"])
+def test_nocombine_alone_scans_in_the_race(variant):
+    assert plan_changes(variant, 32, 8, 128256, 132)["scan"] == "race"
 
 
 def test_pass_one_programs_per_sm():

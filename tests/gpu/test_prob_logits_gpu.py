@@ -109,26 +109,26 @@ def test_graph_replay_equals_eager(name, vocab):
     assert bool((run.philox_offsets == fast.offset + 1).all())
 
 
-@pytest.mark.parametrize("scan_in_pass_one", [False, True])
-def test_fused_logits_leaves_its_race_scratch_zeroed(scan_in_pass_one):
+@pytest.mark.parametrize("scan", ["race", "pass1", "kernel"])
+def test_fused_logits_leaves_its_race_scratch_zeroed(scan):
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
     w = make_logits_workload(LogitsConfig(32, 4, vocab_size=32000, seed=10), DEVICE)
     inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                    w.draft_temperature, w.uniforms, w.exponential_noise)
-    launch = kernels.fused_logits_launcher(inputs, allocate_outputs(w), fast=True, scan_in_pass_one=scan_in_pass_one)
+    launch = kernels.fused_logits_launcher(inputs, allocate_outputs(w), fast=True, scan=scan)
     launch()
     launch()
     torch.cuda.synchronize()
-    assert launch.scan_in_pass_one == scan_in_pass_one
+    assert launch.scan == scan
     assert not any(counter.any() for counter in launch.scratch)
 
 
 @pytest.mark.parametrize("randomness", ["fast", "supplied"])
 def test_where_the_scan_runs_changes_no_output(randomness):
-    """The accept scan in pass 1 and in every race program: the same tokens, lengths and flags (fast mode:
-    the same Philox draws), at a point where the default puts it in pass 1."""
+    """The accept scan in its own kernel, in pass 1 and in every race program: the same tokens, lengths and
+    flags (fast mode: the same Philox draws), at a point where the default gives it a kernel."""
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
@@ -137,17 +137,41 @@ def test_where_the_scan_runs_changes_no_output(randomness):
     inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                    w.draft_temperature, w.uniforms, w.exponential_noise)
     results = []
-    for scan in (None, False):
+    for scan in (None, "pass1", "race"):
         outputs = allocate_outputs(w)
-        launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed,
-                                               scan_in_pass_one=scan)
+        launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed, scan=scan)
         launch()
-        results.append((launch.scan_in_pass_one, {key: value.clone() for key, value in outputs.items()}))
+        results.append((launch.scan, {key: value.clone() for key, value in outputs.items()}))
     torch.cuda.synchronize()
-    assert results[0][0] and not results[1][0]  # the default took the pass-1 scan here
-    for key, value in results[0][1].items():
-        assert torch.equal(value, results[1][1][key]), key
+    assert [scan for scan, _ in results] == ["kernel", "pass1", "race"]  # the default took the scan kernel here
+    for _, other in results[1:]:
+        for key, value in results[0][1].items():
+            assert torch.equal(value, other[key]), key
     assert int(results[0][1]["error_flags"][3]) != 0
+
+
+def test_plans_fill_waves_of_the_compiled_kernels():
+    """On the GPU the launcher sizes pass 1 to about STATS_WAVES waves and the race to one wave of the
+    programs per SM the compiled kernels allow (their registers), and says so in its plans."""
+    from sdbench.ops.prob_verify.triton_kernels import resident_programs
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    w = make_logits_workload(LogitsConfig(32, 8, vocab_size=128256, seed=13), DEVICE)
+    inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                   w.draft_temperature, w.uniforms, w.exponential_noise)
+    launch = kernels.fused_logits_launcher(inputs, allocate_outputs(w), fast=True)
+    stats_per_sm, race_per_sm = launch.programs_per_sm
+    assert 1 <= race_per_sm <= stats_per_sm <= 32  # the race holds more registers than pass 1
+    assert launch.stats_launch.programs_per_sm() == stats_per_sm  # pass 1's registers do not move with its split
+    plan, race = launch.plans
+    device = torch.device(DEVICE)
+    assert plan == kernels.default_stats_plan(32, 8, 128256, device, per_sm=stats_per_sm)
+    assert race == kernels.default_race_plan(32, 128256, device, per_sm=race_per_sm)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    assert 32 * race.programs <= race_per_sm * sms
+    assert 32 * (2 * 8 + 1) * plan.splits >= 3 * stats_per_sm * sms  # several waves of pass 1
+    assert resident_programs(255, 4, 0, torch.cuda.get_device_properties(device)) == 2  # the props the rule reads
 
 
 @pytest.mark.parametrize("name,randomness", [("fused_logits", "fast"), ("fused_logits", "supplied"),

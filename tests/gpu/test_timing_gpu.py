@@ -190,3 +190,17 @@ def test_every_timed_row_sits_at_or_above_its_own_launch_floor(tmp_path):
                if row["status"] == "ok" and row["launch_floor_us"] is not None and row["launch_floor_min_us"] is not None)
     below = rows_below_own_floor(rows)
     assert below == [], [(row["impl"], row["view"], row["median_us"], row["launch_floor_us"]) for row in below]
+
+
+def test_gpu_view_warm_means_the_callables_own_data_in_l2():
+    """In rotation a callable always follows the same other one; warm must not mean "after that one". A
+    read of half the L2, timed after a callable that streams twice the L2 through it, reads from L2 when
+    warm (primed by its own call) and from memory when cold."""
+    l2 = torch.cuda.get_device_properties(DEVICE).L2_cache_size
+    source = torch.ones(l2 // 2 // 4, device=DEVICE)
+    evicting = torch.ones(2 * l2 // 4, device=DEVICE)
+    callables = {"evict": lambda: evicting.add_(1.0), "read": lambda: source.sum()}  # "read" follows "evict"
+    options = dict(warmup=2, iters=10, gpu_iters=10, views=("gpu",))
+    warm = timing.measure(callables, DEVICE, timing.TimingOptions(**options))["read"]["gpu"].stats.median_us
+    cold = timing.measure(callables, DEVICE, timing.TimingOptions(cold_l2=True, **options))["read"]["gpu"].stats.median_us
+    assert warm < 0.8 * cold, (warm, cold)

@@ -613,6 +613,20 @@ def _hook_calls(hook) -> list | tuple:
     return calls if isinstance(calls, list) else [hook]
 
 
+def resident_programs(registers: int, warps: int, shared: int, props) -> int:
+    """Programs (thread blocks) of `warps` warps one SM holds at once, by CUDA's occupancy rule on sm_80/sm_90:
+    registers go to warps in units of 256 from the SM's four equal partitions (a warp's partition holds
+    ⌊file/4 / per-warp⌋ warps), at most max_threads/32 warps and 32 blocks, and each block's shared memory
+    plus the 1 KB the runtime reserves per block."""
+    per_warp = -(-max(1, registers) * 32 // 256) * 256
+    partition = getattr(props, "regs_per_multiprocessor", 65536) // 4
+    warps_by_registers = 4 * (partition // per_warp)
+    threads = getattr(props, "max_threads_per_multi_processor", 2048)
+    shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    by_shared = shared_per_sm // (shared + 1024)
+    return max(1, min(warps_by_registers // warps, threads // (32 * warps), 32, by_shared))
+
+
 class BoundLaunch:
     """`kernel[grid](*args, **meta)` as a zero-argument call that, after its first (compiling) call,
     skips Triton's Python launcher.
@@ -647,6 +661,23 @@ class BoundLaunch:
         compiled = self._slow()
         if self.direct_reason == "not launched yet":
             self._direct, self.direct_reason = self._bind(compiled)
+
+    def programs_per_sm(self) -> int | None:
+        """How many of this launch's programs one SM holds at once, from the compiled kernel's registers, warps
+        and shared memory (compiling it now if it is not yet: Triton caches it for the first call), or None
+        where there is no compiled kernel (the interpreter). Plans sized by it fill whole waves of the kernel
+        as it compiled, not a guess at its registers."""
+        if INTERPRETED:
+            return None
+        compiled = self._kernel.warmup(*self._args, grid=self._grid, **self._meta)
+        if compiled is None or not hasattr(compiled, "_init_handles"):
+            return None
+        compiled._init_handles()  # loads the module: n_regs comes from the driver
+        registers = getattr(compiled, "n_regs", None)
+        if not registers:
+            return None
+        return resident_programs(registers, compiled.metadata.num_warps, compiled.metadata.shared,
+                                 torch.cuda.get_device_properties(self._device_index))
 
     def _bind(self, compiled) -> tuple[Launch | None, str | None]:
         needed = ("run", "function", "packed_metadata")

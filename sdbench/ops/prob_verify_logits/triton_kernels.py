@@ -91,6 +91,11 @@ STREAM_CDF = tl.constexpr(2)  # fast mode's Philox stream of the residual draw b
 RACE_PROGRAMS_PER_SM = 16  # the race's programs beyond this run several chunks each (race_steps)
 RACE_CHUNK_MAX = 1024  # race columns per step: 8 per thread at 4 warps (2048: 124 registers, 1.5x slower at b=512)
 STATS_MIN_TILES = 4  # pass-1 span once the rows' tiles exceed a wave: per-program fixed costs amortised
+STATS_WAVES = 4  # pass 1 aims at this many waves of resident programs (default_stats_plan)
+STATS_SPLITS_BELOW_WAVE = 32  # pass-1 partials a row at most where all of pass 1 fits one wave (stats_plan)
+STATS_PER_SM_GUESS = 12  # pass 1's resident programs per SM before it is compiled (40 registers, 4 warps, sm_90)
+RACE_PER_SM_GUESS = 8  # the race's, likewise (64 registers at 1024-column chunks)
+RACE_MIN_PROGRAMS = 4  # race programs a sequence at the least, whatever the wave (race_steps)
 RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
 
 
@@ -618,30 +623,72 @@ def _philox_offset(offsets_ptr, b, FAST: tl.constexpr):
     return offset
 
 
+# --- the accept scan as a kernel of its own (fused_logits scan="kernel"; vllm_v2_style) -----------
+@triton.jit(do_not_specialize=["seed"])
+def _scan_kernel(
+    draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr,
+    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stop_ptr, stop_stats_ptr, offsets_ptr, error_flags_ptr,
+    seed, splits, vocab,
+    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    PRECISE_MATH: tl.constexpr, FAST: tl.constexpr, FLAGS: tl.constexpr,
+):
+    """Grid (B,): combine pass 1's `splits` partials of each of the sequence's 2γ+1 rows, scan to k, and
+    write k (stop_ptr, int32 [B]) and row k's normalisers (stop_stats_ptr, float32 [B, 6]: M_t, S_t, M_q,
+    S_q, then the target's and the draft's first argmax as int32 bits), so the programs after it load one
+    sequence's stop in one L2 round trip. FLAGS: the sequence's bad-id flag too (fused_logits; the peer
+    has none). Reads fast mode's Philox offset without advancing it: the launch after it draws from the
+    same offset and advances it (stream order), so both see the same accept uniforms."""
+    b = tl.program_id(0).to(tl.int64)
+    offset = _philox_offset(offsets_ptr, b, FAST)
+    temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
+    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
+                                                GAMMA, R_PAD, SPLITS_PAD)
+    k, _, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum,
+                             row_arg, _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
+                             temperature_t == 0, temperature_d == 0, seed, offset,
+                             stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+                             GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+    draft_k = tl.minimum(k, GAMMA - 1) + GAMMA + 1
+    tl.store(stop_ptr + b, k)
+    out = stop_stats_ptr + b * 6
+    tl.store(out + 0, _pick(row_max, k, R_PAD))
+    tl.store(out + 1, _pick(row_sum, k, R_PAD))
+    tl.store(out + 2, _pick(row_max, draft_k, R_PAD))
+    tl.store(out + 3, _pick(row_sum, draft_k, R_PAD))
+    tl.store(out + 4, _pick(row_arg, k, R_PAD).to(tl.float32, bitcast=True))
+    tl.store(out + 5, _pick(row_arg, draft_k, R_PAD).to(tl.float32, bitcast=True))
+    if FLAGS:
+        tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
+
+
 # --- the race pass (fused_logits): scan + split race + atomic combine ---------------------------
 @triton.jit(do_not_specialize=["seed"])
 def _logits_race_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
-    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr,
+    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
     chunk_mass_ptr, seed, vocab, mass_splits, chunks, stats_splits,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
-    STATS_PAD: tl.constexpr,
+    STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr,
 ):
     """Grid (B, chunks); program (b, c) owns STEPS chunks of 4·ROWS columns of the stopping row, columns
     [c·STEPS·4·ROWS, (c+1)·STEPS·4·ROWS): at large B, where the chunks alone would fill the machine many
     times over, more chunks per program pay the stop's loads once for all of them. `chunks` is the number
     of programs per row (the arrivals to wait for). stats_*_ptr hold one (max, Σexp, argmax) per logits row.
     best_ptr (int64 [B]) and arrivals_ptr (int32 [B]) start zeroed and are left zeroed.
-    RULE "token": the stop is the first rejection k. SCANNED (token rule; fused_logits_launcher's choice,
-    `default_scan_in_pass_one`): pass 1 ran the accept scan and left k at stop_ptr and the error flag
-    written, so a program loads k beside the rows' stats (one L2 round trip; the vLLM-style resample needs
-    two, k then row k's stats) instead of gathering 2γ logits and scanning; otherwise every program scans
-    (where the race does not fill the machine, so the repeats run beside each other, or has few programs
-    per sequence against pass 1's 2γ+1 rows).
+    RULE "token": the stop is the first rejection k. SCANNED (token rule; fused_logits_launcher's `scan`,
+    "pass1" or "kernel"): an earlier kernel ran the accept scan and left k at stop_ptr and the error flag
+    written, so a program loads k (one L2 round trip, beside the rows' stats) instead of gathering 2γ
+    logits and scanning; otherwise every program scans (scan "race": where the race does not fill the
+    machine, so the repeats run beside each other). STOP_STATS (scan "kernel"): `_scan_kernel` also left
+    row k's normalisers at stop_stats_ptr [B, 6], so a program loads 7 numbers and combines nothing.
+    CDF (fast mode's default): each program stores its chunks' residual masses (chunk_mass_ptr, float32,
+    `chunks`·STEPS a sequence) and the last arrival draws the token by inversion (`_cdf_pick`); otherwise
+    the exponential race on Philox noise (supplied mode: on the supplied noise, as the reference defines).
     RULE "block": the stop τ and w_τ from the draft-token ratios and the residual masses at mass_ptr
     (`_block_scan`, every program), and the race over max(0, w_τ·p_τ - q_τ). Constexprs: each path
     compiles only its own code.
@@ -654,34 +701,44 @@ def _logits_race_kernel(
     temperature_d = tl.load(draft_temp_ptr + b)
     greedy_t, greedy_d = temperature_t == 0, temperature_d == 0
     inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
-    # every row's stats at once, independent of the stop (one L2 round trip beside the stop's, not after it)
-    # (stats_splits > 1: pass 1 left its partials uncombined, `fused_logits_launcher`'s combine=False)
-    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, stats_splits,
-                                                GAMMA, R_PAD, STATS_PAD)
-    if SCANNED:  # token rule, pass 1 ran the scan
+    if STOP_STATS:  # `_scan_kernel` left k, row k's normalisers and the flag: one L2 round trip, nothing combined
         k = tl.load(stop_ptr + b)
+        stop_stats = stop_stats_ptr + b * 6
+        max_t, sum_t = tl.load(stop_stats + 0), tl.load(stop_stats + 1)
+        max_d, sum_d = tl.load(stop_stats + 2), tl.load(stop_stats + 3)
+        arg_t = tl.load(stop_stats + 4).to(tl.int32, bitcast=True)
+        arg_d = tl.load(stop_stats + 5).to(tl.int32, bitcast=True)
         target_scale = 1.0
-    elif RULE == "block":
-        k, tokens, bad, stop_weight = _block_scan(
-            draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, mass_ptr, b, vocab, mass_splits, row_max,
-            row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
-            stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
-            GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, PRECISE_MATH, FAST)
-        target_scale = tl.where(k < GAMMA, stop_weight, 1.0)
     else:
-        k, tokens, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max,
-                                      row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
-                                      stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
-                                      GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
-        target_scale = 1.0
+        # every row's stats at once, independent of the stop (one L2 round trip beside the stop's, not after it)
+        # (stats_splits > 1: pass 1 left its partials uncombined, `fused_logits_launcher`'s combine=False)
+        row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, stats_splits,
+                                                    GAMMA, R_PAD, STATS_PAD)
+        if SCANNED:  # token rule, pass 1 ran the scan
+            k = tl.load(stop_ptr + b)
+            target_scale = 1.0
+        elif RULE == "block":
+            k, tokens, bad, stop_weight = _block_scan(
+                draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, mass_ptr, b, vocab, mass_splits, row_max,
+                row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
+                stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+                GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, PRECISE_MATH, FAST)
+            target_scale = tl.where(k < GAMMA, stop_weight, 1.0)
+        else:
+            k, tokens, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max,
+                                          row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
+                                          stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+                                          stride_u_b, GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+            target_scale = 1.0
+        draft_index = tl.minimum(k, GAMMA - 1) + GAMMA + 1
+        max_t, sum_t = _pick(row_max, k, R_PAD), _pick(row_sum, k, R_PAD)
+        max_d, sum_d = _pick(row_max, draft_index, R_PAD), _pick(row_sum, draft_index, R_PAD)
+        arg_t, arg_d = _pick(row_arg, k, R_PAD), _pick(row_arg, draft_index, R_PAD)
     has_draft = k < GAMMA
     draft_k = tl.minimum(k, GAMMA - 1)
-    max_t, sum_t = _pick(row_max, k, R_PAD), _pick(row_sum, k, R_PAD)
     target_row = target_ptr + b * stride_p_b + k * stride_p_row
+    draft_row = draft_ptr + b * stride_q_b + draft_k * stride_q_row
     if temperature_t != 0:  # a greedy target's next token is the argmax of row k: no race, no row read
-        draft_row = draft_ptr + b * stride_q_b + draft_k * stride_q_row
-        max_d, sum_d = _pick(row_max, draft_k + GAMMA + 1, R_PAD), _pick(row_sum, draft_k + GAMMA + 1, R_PAD)
-        arg_d = _pick(row_arg, draft_k + GAMMA + 1, R_PAD)
         if CDF:  # fast mode by inversion: each chunk's residual mass; the last arrival draws (`_cdf_pick`)
             first = tl.program_id(1) * STEPS
             cols = _chunk_columns(first * (4 * ROWS), ROWS)  # past V: masked, nothing read, mass 0
@@ -708,12 +765,8 @@ def _logits_race_kernel(
     arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
     if arrived == chunks - 1:
         if greedy_t:
-            next_token = _pick(row_arg, k, R_PAD).to(tl.int64)
-        elif CDF:
-            # (a greedy target skipped the masses: its branch above is the same scalar test)
-            draft_row = draft_ptr + b * stride_q_b + draft_k * stride_q_row
-            max_d, sum_d = _pick(row_max, draft_k + GAMMA + 1, R_PAD), _pick(row_sum, draft_k + GAMMA + 1, R_PAD)
-            arg_d = _pick(row_arg, draft_k + GAMMA + 1, R_PAD)
+            next_token = arg_t.to(tl.int64)
+        elif CDF:  # (a greedy target skipped the masses: its branch above is the same scalar test)
             next_token = _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks * STEPS, has_draft,
                                    inverse_t, inverse_d, greedy_d, max_t, sum_t, max_d, sum_d, arg_d, target_scale,
                                    seed, offset, 4 * ROWS, CHUNKS_PAD, RULE == "block").to(tl.int64)
@@ -726,7 +779,7 @@ def _logits_race_kernel(
                 winner = _target_race(target_row, noise_row, b, vocab, inverse_t, max_t, sum_t, seed, offset,
                                       ROWS, PRECISE_MATH, FAST)
             next_token = _token_of(winner)
-        if SCANNED:  # pass 1 wrote the flag with k
+        if SCANNED:  # the kernel that scanned wrote the flag with k
             positions = tl.arange(0, GAMMA_PAD)
             tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=positions < GAMMA,
                              other=0).to(tl.int64)
@@ -737,38 +790,7 @@ def _logits_race_kernel(
         _release(arrivals_ptr, offsets_ptr, b, offset, FAST)
 
 
-# --- vllm_v2_style: scan kernel, Gumbel resample per block, finish --------------------------------
-@triton.jit(do_not_specialize=["seed"])
-def _vllm_scan_kernel(
-    draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr,
-    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stop_ptr, stop_stats_ptr, offsets_ptr,
-    seed, splits, vocab,
-    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
-    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
-    PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
-):
-    """Grid (B,): combine the block stats, scan to k, write k and row k's (M_t, S_t, M_q, S_q, A_t, A_q)."""
-    b = tl.program_id(0).to(tl.int64)
-    offset = _philox_offset(offsets_ptr, b, FAST)
-    temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
-    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
-                                                GAMMA, R_PAD, SPLITS_PAD)
-    k, _, _ = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
-                        _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
-                        temperature_t == 0, temperature_d == 0, seed, offset,
-                        stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
-                        GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
-    draft_k = tl.minimum(k, GAMMA - 1) + GAMMA + 1
-    tl.store(stop_ptr + b, k)
-    out = stop_stats_ptr + b * 6
-    tl.store(out + 0, _pick(row_max, k, R_PAD))
-    tl.store(out + 1, _pick(row_sum, k, R_PAD))
-    tl.store(out + 2, _pick(row_max, draft_k, R_PAD))
-    tl.store(out + 3, _pick(row_sum, draft_k, R_PAD))
-    tl.store(out + 4, _pick(row_arg, k, R_PAD).to(tl.float32, bitcast=True))
-    tl.store(out + 5, _pick(row_arg, draft_k, R_PAD).to(tl.float32, bitcast=True))
-
-
+# --- vllm_v2_style: Gumbel resample per block, finish (its scan: `_scan_kernel`) --------------------------------
 @triton.jit(do_not_specialize=["seed"])
 def _vllm_resample_kernel(
     target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, noise_ptr, stop_ptr, stop_stats_ptr, block_best_ptr,
@@ -876,44 +898,70 @@ class StatsPlan:
     splits: int
 
 
-def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE, min_tiles: int = 1) -> StatsPlan:
+def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE, min_tiles: int = 1,
+               wave: int | None = None) -> StatsPlan:
     """About target_programs programs over the rows, in equal spans: one tile per program when every
-    tile of every row fits that; otherwise ⌈tiles / wanted⌉ tiles (rounded up, so the splits are balanced
-    and never more than wanted = ⌈target_programs / rows⌉), and at least min_tiles."""
+    tile of every row fits one wave (`wave` programs at once; default target_programs); otherwise
+    ⌈tiles / wanted⌉ tiles (rounded up, so the splits are balanced and never more than wanted =
+    ⌈target_programs / rows⌉), and at least min_tiles; below one wave, longer spans until the splits are
+    at most STATS_SPLITS_BELOW_WAVE and padding them to a power of two wastes at most a quarter."""
     tiles = triton.cdiv(vocab, tile)
-    if rows * tiles <= target_programs:
+    wave = target_programs if wave is None else wave
+    if rows * tiles <= wave:
         span_tiles = 1
     else:
         wanted = max(1, min(tiles, triton.cdiv(target_programs, rows)))
         span_tiles = max(triton.cdiv(tiles, wanted), min(min_tiles, tiles))
+    # Below one wave the step is latency, and whoever combines the partials (every race program, at these
+    # sizes) loads a [rows, next_power_of_2(splits)] tile: longer spans until there are at most
+    # STATS_SPLITS_BELOW_WAVE and the padding wastes at most a quarter (H200, bf16, cold, pass 1 + race:
+    # b=1, γ=16, V=151936, 38 splits of 4 tiles 15.0 µs, 30 of 5 13.1; b=1, γ=4, V=128256, 126 of 1
+    # 9.1, 32 of 4 8.5, warm 7.9 and 6.4).
+    def wasteful(span_tiles: int) -> bool:
+        splits = triton.cdiv(tiles, span_tiles)
+        return splits > STATS_SPLITS_BELOW_WAVE or 4 * triton.next_power_of_2(splits) > 5 * splits
+
+    while span_tiles < tiles and rows * triton.cdiv(tiles, span_tiles) < wave and wasteful(span_tiles):
+        span_tiles += 1
     return StatsPlan(span=span_tiles * tile, splits=triton.cdiv(tiles, span_tiles))
 
 
-def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device) -> StatsPlan:
-    """Pass 1's split. Measured on the H200 (b=1, γ=16, V=128256 bf16, cold): one tile per program gave
-    4158 programs, two waves, and each program's fixed costs (the lane combine, the arrival atomic) over
-    one tile's stream: 14.3 µs; at least STATS_MIN_TILES tiles per program: 7.9 µs."""
-    return default_row_plan(batch * (2 * gamma + 1), vocab, device, tile=STATS_TILE, min_tiles=STATS_MIN_TILES)
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device,
+                       per_sm: int = STATS_PER_SM_GUESS) -> StatsPlan:
+    """Pass 1's split: about STATS_WAVES waves of `per_sm` resident programs per SM (the launcher passes the
+    compiled kernel's), so the last, partial wave is a small part of the stream; at least STATS_MIN_TILES
+    tiles a program once the rows' tiles exceed one wave. Measured on the H200 (bf16, cold, pass 1 alone):
+    b=32, γ=8, V=128256 took 53 µs in 4 splits (1.4 waves of 12 programs per SM), 45 in 16 (5.5 waves);
+    b=1, γ=16, V=128256: one tile per program gave 4158 programs, two waves, each paying its fixed costs
+    over one tile's stream, 14.3 µs; four tiles, 7.9 µs."""
+    rows = batch * (2 * gamma + 1)
+    if device.type != "cuda":
+        return stats_plan(rows, vocab, 3 * rows, STATS_TILE)  # the interpreter: a few splits, to exercise the combine
+    wave = per_sm * _sms(device)
+    return stats_plan(rows, vocab, STATS_WAVES * wave, STATS_TILE, STATS_MIN_TILES, wave=wave)
 
 
 def default_row_plan(rows: int, vocab: int, device: torch.device, tile: int = TILE, min_tiles: int = 1) -> StatsPlan:
-    """The split of `rows` streamed rows (pass 1's logits rows, the block rule's row pairs) that fills the machine."""
+    """The split of the block rule's row pairs that fills the machine (STATS_PROGRAMS_PER_SM a SM)."""
     if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return stats_plan(rows, vocab, STATS_PROGRAMS_PER_SM * sms, tile, min_tiles)
+        return stats_plan(rows, vocab, STATS_PROGRAMS_PER_SM * _sms(device), tile, min_tiles)
     return stats_plan(rows, vocab, 3 * rows, tile)  # the interpreter: a few splits, to exercise the combine
 
 
-def race_steps(batch: int, chunks: int, device: torch.device) -> int:
-    """Chunks per race program: 1 until B·chunks exceeds RACE_PROGRAMS_PER_SM programs per SM, then as
-    many as keep about that many programs (the fewest steps that do: the last program of a row may get fewer
-    chunks, and its steps past V read nothing)."""
-    if device.type == "cuda":
-        target = RACE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 2 * batch  # the interpreter: two programs per row, to exercise the loop and the combine
-    steps = max(1, min(chunks, batch * chunks // target))
-    return triton.cdiv(chunks, triton.cdiv(chunks, steps))
+def race_steps(batch: int, chunks: int, wave: int) -> int:
+    """Chunks per race program: the fewest that keep B·programs within one wave of resident programs
+    (`wave` at once), but at least RACE_MIN_PROGRAMS programs a sequence; balanced over the row (the last
+    program may get fewer; its steps past V read nothing). Beyond one wave the race paid its per-program
+    latency chain (stop, stats, two rows, an arrival) once per wave; with one or two programs a sequence it
+    streams too little at once. H200, bf16, cold, race alone: b=32, V=128256, 4032 one-chunk programs at 8
+    resident per SM 16.8 µs, one wave 11.9; b=512, γ=8, V=128256, one program a sequence 130 µs, two 88,
+    four 84, six 82, ten 83."""
+    programs = max(1, min(chunks, max(wave // batch, RACE_MIN_PROGRAMS)))
+    return triton.cdiv(chunks, triton.cdiv(chunks, triton.cdiv(chunks, programs)))
 
 
 @dataclass(frozen=True)
@@ -927,46 +975,43 @@ class RacePlan:
     num_warps: int
 
 
-def default_race_plan(batch: int, vocab: int, device: torch.device) -> RacePlan:
+def default_race_plan(batch: int, vocab: int, device: torch.device, per_sm: int = RACE_PER_SM_GUESS) -> RacePlan:
     """The prob sampler's chunk choice (small chunks at small B, for latency), capped on a GPU at
-    RACE_CHUNK_MAX columns a step, then race_steps steps a program."""
+    RACE_CHUNK_MAX columns a step, then race_steps steps a program for one wave of `per_sm` resident
+    programs per SM (the launcher passes the compiled kernel's)."""
     if device.type == "cuda":
         race = default_fused_plan(batch, vocab, device, chunk_max=RACE_CHUNK_MAX)
+        wave = per_sm * _sms(device)
     else:
         race = default_fused_plan(batch, vocab, device)
-    steps = race_steps(batch, race.splits, device)
+        wave = 2 * batch  # the interpreter: two programs per row, to exercise the loop and the combine
+    steps = race_steps(batch, race.splits, wave)
     return RacePlan(rows=race.rows, steps=steps, programs=triton.cdiv(race.splits, steps), num_warps=race.num_warps)
 
 
-def default_scan_in_pass_one(batch: int, gamma: int, race: RacePlan, device: torch.device) -> bool:
-    """Where the token rule's accept scan runs. In the race, every program of a sequence repeats it (a
-    chain of dependent loads: row stats, draft tokens, 2γ gathered logits); in pass 1 it runs once per
-    sequence, for one more arrival per logits row. The repeats cost throughput only when the race fills
-    the machine (B·programs >= RACE_PROGRAMS_PER_SM per SM; below that they run beside each other and pass
-    1's tail would add the scan's latency to the step: b=1, γ=16, V=128256 bf16, 12.9 against 17.6 µs), and
-    they outweigh the extra arrivals only when they are at least a quarter as many as the rows (b=512,
-    γ=16, V=128256 bf16: 5 programs against 33 rows a sequence, 1374 µs with the scan in the race against
-    1408 in pass 1; b=512, γ=8, V=128256 fp32: 5 against 17, 1225 µs in pass 1, 1238 in the race, the
-    latter from an earlier run). Fitted on the H200 to ten points timed side by side, of which it misses
-    two by at most 3 µs, and that eleventh (docs/perf-notes.md, "From logits, session 6")."""
-    if device.type == "cuda":
-        full = RACE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        full = 2 * batch  # the interpreter: the rule's shape, at the interpreter's race plan
-    return batch * race.programs >= full and 4 * race.programs >= 2 * gamma + 1
+def _race_fills_the_machine(batch: int, race: RacePlan, device: torch.device) -> bool:
+    """B·chunks >= RACE_PROGRAMS_PER_SM per SM: enough of the stopping rows' chunks that repeating a
+    sequence's scan or combine in every program would cost throughput, not only latency beside the others."""
+    full = RACE_PROGRAMS_PER_SM * _sms(device) if device.type == "cuda" else 2 * batch  # interpreter: the rule's shape
+    return batch * race.programs * race.steps >= full
+
+
+def default_scan(batch: int, race: RacePlan, device: torch.device) -> str:
+    """Where the token rule's accept scan runs. "kernel", a launch of its own between the passes, where the
+    race fills the machine: pass 1 then makes no arrival atomics (at b=128, γ=16, V=32000, bf16 they took
+    pass 1 from 77 to 97 µs) and the race starts from k and row k's normalisers. "race" (every race program
+    combines the rows' partials and scans) where it does not: the repeats run beside each other, and a
+    launch between the passes would add its latency (~4 µs) to a 10 µs step."""
+    return "kernel" if _race_fills_the_machine(batch, race, device) else "race"
 
 
 def default_combine(batch: int, race: RacePlan, device: torch.device) -> bool:
-    """Whether pass 1 combines each row's partials (fused_logits_launcher). Combining costs an acq_rel arrival
-    per pass-1 program and rules out nothing; not combining makes every race program combine (2γ+1)·splits
-    partials and scan, which costs throughput only where the race fills the machine (the rule of
-    `default_scan_in_pass_one`'s first half). Measured on the H200 (GPU µs, cold, pass 1 + race): b=1, γ=16,
-    V=128256 bf16 11.8 without against 12.5 with; b=32, γ=8, V=128256 bf16 79.7 against 71.6."""
-    if device.type == "cuda":
-        full = RACE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        full = 2 * batch  # the interpreter: the rule's shape, at the interpreter's race plan
-    return batch * race.programs >= full
+    """Whether pass 1 combines each row's partials when the race scans (scan "race"; the block rule). Combining
+    costs an acq_rel arrival per pass-1 program; not combining makes every race program combine (2γ+1)·splits
+    partials, which costs throughput only where the race fills the machine. Measured on the H200 (GPU µs,
+    cold, pass 1 + race): b=1, γ=16, V=128256 bf16 11.8 without against 12.5 with; b=32, γ=8, V=128256 bf16
+    79.7 against 71.6."""
+    return _race_fills_the_machine(batch, race, device)
 
 
 def _precise_math(device: torch.device) -> bool:
@@ -1009,29 +1054,61 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
 def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int = 0,
                           offset: int = 0, stats_plan_: StatsPlan | None = None, rule: str = "token",
                           mass_plan: StatsPlan | None = None, race_plan: RacePlan | None = None,
-                          scan_in_pass_one: bool | None = None, sample: str | None = None,
-                          combine: bool | None = None):
-    """Two launches (stats, race) into outputs; the block rule adds the residual-mass pass between them
-    when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here, once. scan_in_pass_one (token rule):
-    where the accept scan runs, pass 1 or every race program; None: `default_scan_in_pass_one`. sample (fast
-    mode): how the residual token is drawn, "cdf" (by inversion, `_cdf_pick`; the default) or "race" (the
-    exponential race on Philox noise per column, the draws vllm_v2_style makes); supplied randomness is the
-    race on the supplied noise, as the reference defines it. combine: pass 1's last program of a row
+                          scan: str | None = None, sample: str | None = None, combine: bool | None = None):
+    """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
+    rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
+    once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
+    1's partials), "race" (every race program) or "pass1" (the sequence's last row of pass 1, after that
+    row's last program combined it); None: `default_scan`. sample (fast mode): how the residual token is
+    drawn, "cdf" (by inversion, `_cdf_pick`; the default) or "race" (the exponential race on Philox noise
+    per column, the draws vllm_v2_style makes); supplied randomness is the race on the supplied noise, as
+    the reference defines it. combine (scan "race", the block rule): pass 1's last program of a row
     combines the row's partials (an arrival atomic per program), or (False) every race program combines
-    them itself, which rules out the scan in pass 1; None: `default_combine`."""
-    if scan_in_pass_one and rule == "block":
-        raise ValueError("scan_in_pass_one is for the token rule: the block rule's stop needs the mass pass")
+    them; None: `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
+    Plans left None are sized on a GPU to the kernels as they compiled (their resident programs per SM)."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
-    cdf = fast and sample != "race"
+    if scan not in (None, "kernel", "race", "pass1"):
+        raise ValueError(f"scan must be 'kernel', 'race' or 'pass1', got {scan!r}")
+    if rule == "block" and scan not in (None, "race"):
+        raise ValueError("the block rule scans in the race: its stop needs the mass pass (scan='race')")
+    if (scan == "pass1" and combine is False) or (scan == "kernel" and combine):
+        raise ValueError(f"scan={scan!r} with combine={combine}: the pass-1 scan reads combined rows, and the "
+                         "scan kernel combines them itself")
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device)
     race = race_plan or default_race_plan(batch, vocab, device)
+    if rule == "block":
+        scan = "race"
+    elif scan is None:
+        scan = default_scan(batch, race, device)
     if combine is None:
-        combine = rule == "block" or bool(scan_in_pass_one) or default_combine(batch, race, device)
-    if not combine and scan_in_pass_one:
-        raise ValueError("scan_in_pass_one needs combine: the scan reads each row's combined stats")
+        combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
+    launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
+                                  combine)
+    if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
+        # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
+        stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
+        if stats_plan_ is None:
+            plan = default_stats_plan(batch, gamma, vocab, device, per_sm=stats_per_sm)
+        if race_plan is None:
+            race = default_race_plan(batch, vocab, device, per_sm=race_per_sm)
+        if (plan, race) != launch.plans:
+            launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
+                                          combine)
+        # (from the kernels compiled with the first plans: the race's registers can move a little with its steps)
+        launch.programs_per_sm = (stats_per_sm, race_per_sm)
+    return launch
+
+
+def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
+                         plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
+                         sample: str | None, combine: bool):
+    """fused_logits_launcher with every choice made."""
+    cdf = fast and sample != "race"
+    batch, gamma, vocab = t.shape
+    device = t.draft_tokens.device
     partials = allocate_stats(batch, gamma, plan.splits, device)
     # each row's partials combined by its last pass-1 program; or (combine=False) the partials themselves
     stats = allocate_stats(batch, gamma, 1, device) if combine else partials
@@ -1041,18 +1118,26 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
     sequence_arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
     stop = torch.empty(batch, dtype=torch.int32, device=device)
+    stop_stats = torch.empty((batch, 6) if scan == "kernel" else 1, dtype=torch.float32, device=device)
     chunks = race.programs * race.steps  # the stopping row's chunks of 4·rows columns, each one mass (cdf)
     chunk_mass = torch.empty(batch * chunks if cdf else 1, dtype=torch.float32, device=device)
     offsets = philox_offsets(batch, offset, device)  # fast mode advances them on the device, call by call
-    if scan_in_pass_one is None:
-        scan_in_pass_one = combine and rule == "token" and default_scan_in_pass_one(batch, gamma, race, device)
-    scan = None
-    if scan_in_pass_one:
-        scan = dict(offsets=offsets, sequence_arrivals=sequence_arrivals, stop=stop,
-                    error_flags=outputs["error_flags"], fast=fast, seed=seed)
-    launches = [_stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None, scan=scan)]
+    pass_one_scan = None
+    if scan == "pass1":
+        pass_one_scan = dict(offsets=offsets, sequence_arrivals=sequence_arrivals, stop=stop,
+                             error_flags=outputs["error_flags"], fast=fast, seed=seed)
+    stats_launch = _stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None,
+                                 scan=pass_one_scan)
+    launches = [stats_launch]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))
+    if scan == "kernel":
+        scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
+                     t.uniforms, *partials, stop, stop_stats, offsets, outputs["error_flags"], seed, plan.splits,
+                     vocab, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
+                     t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
+        scan_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(plan.splits), FAST=fast, FLAGS=True, num_warps=4)
+        launches.append(BoundLaunch(_scan_kernel, (batch,), scan_args, scan_meta, device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
     mass_plan = mass_plan or (default_row_plan(mass_rows, vocab, device) if mass_rows else StatsPlan(span=vocab, splits=1))
     mass = torch.empty(max(1, mass_rows * mass_plan.splits), dtype=torch.float32, device=device)
@@ -1065,25 +1150,30 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         launches.append(BoundLaunch(_block_mass_kernel, (mass_rows, mass_plan.splits), mass_args, mass_meta, device))
     args = (
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
-        t.exponential_noise, *stats, mass, stop, outputs["accepted_lengths"], outputs["next_tokens"],
+        t.exponential_noise, *stats, mass, stop, stop_stats, outputs["accepted_lengths"], outputs["next_tokens"],
         outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, chunk_mass, seed, vocab,
-        mass_plan.splits, race.programs, stats_splits, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
-        t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0), t.exponential_noise.stride(0),
-        outputs["output_tokens"].stride(0),
+        mass_plan.splits, race.programs, stats_splits, t.draft_tokens.stride(0), t.target_logits.stride(0),
+        t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0),
+        t.exponential_noise.stride(0), outputs["output_tokens"].stride(0),
     )
     meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=race.steps, FAST=fast,
-                RULE=rule, SCANNED=scan is not None, CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
-                STATS_PAD=triton.next_power_of_2(stats_splits), num_warps=race.num_warps)
-    launches.append(BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device))
+                RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
+                STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel",
+                num_warps=race.num_warps)
+    race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
+    launches.append(race_launch)
 
     def launch() -> None:
         for step in launches:
             step()
 
     launch.scratch = (best, arrivals, row_arrivals, sequence_arrivals)  # tests check they are left zeroed
-    launch.scan_in_pass_one = scan is not None
+    launch.scan = scan
     launch.sample = "cdf" if cdf else "race"
     launch.philox_offsets = offsets
+    launch.plans = (plan, race)
+    launch.stats_launch, launch.race_launch = stats_launch, race_launch
+    launch.programs_per_sm = None  # set by fused_logits_launcher where it sized the plans to compiled kernels
     return launch
 
 
@@ -1102,11 +1192,12 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
     precise = _precise_math(device)
     stats_launch = _stats_launch(t, stats, plan, tile=min(block, STATS_TILE))
     scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
-                 t.uniforms, *stats, stop, stop_stats, offsets, seed, plan.splits, vocab,
+                 t.uniforms, *stats, stop, stop_stats, offsets, stop, seed, plan.splits, vocab,  # (no flags: stop stands in)
                  t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
                  t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
     scan_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
-                     SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=precise, FAST=fast, num_warps=4)
+                     SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=precise, FAST=fast, FLAGS=False,
+                     num_warps=4)
     rows = min(block // 4, RESAMPLE_ROWS)
     resample_args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.exponential_noise,
                      stop, stop_stats, block_best, offsets, seed, vocab, plan.splits,
@@ -1123,7 +1214,7 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
                        FAST=fast, num_warps=4)
     launches = (
         stats_launch,
-        BoundLaunch(_vllm_scan_kernel, (batch,), scan_args, scan_meta, device),
+        BoundLaunch(_scan_kernel, (batch,), scan_args, scan_meta, device),
         BoundLaunch(_vllm_resample_kernel, (batch, plan.splits), resample_args, resample_meta, device),
         BoundLaunch(_vllm_finish_kernel, (batch,), finish_args, finish_meta, device),
     )

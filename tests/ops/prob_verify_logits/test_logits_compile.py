@@ -19,7 +19,7 @@ POINTER_TYPES = {  # the dtypes fused_logits_launcher passes (logits: bf16 here)
     "target_ptr": "*bf16", "draft_ptr": "*bf16", "draft_tokens_ptr": "*i64", "stats_arg_ptr": "*i32",
     "row_arg_ptr": "*i32", "arrivals_ptr": "*i32", "accepted_lengths_ptr": "*i64", "next_tokens_ptr": "*i64",
     "output_tokens_ptr": "*i64", "error_flags_ptr": "*i32", "best_ptr": "*i64", "offsets_ptr": "*i64",
-    "stop_ptr": "*i32", "sequence_arrivals_ptr": "*i32", "chunk_mass_ptr": "*fp32",
+    "stop_ptr": "*i32", "sequence_arrivals_ptr": "*i32", "chunk_mass_ptr": "*fp32", "stop_stats_ptr": "*fp32",
 }
 SCALARS = {"seed": "i64"}  # every other scalar argument: i32
 
@@ -59,14 +59,23 @@ def test_row_stats_kernel_compiles_for_sm90(combine, scan, fast, vec):
     assert "_row_stats_kernel" in _compile(kernels._row_stats_kernel, constexprs).asm["ptx"]
 
 
-@pytest.mark.parametrize("rule,scanned", [("token", False), ("token", True), ("block", False)])
+@pytest.mark.parametrize("rule,scan", [("token", "race"), ("token", "pass1"), ("token", "kernel"), ("block", "race")])
 @pytest.mark.parametrize("fast,cdf", [(True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("steps", [1, 3])
-def test_race_kernel_compiles_for_sm90(rule, scanned, fast, cdf, steps):
+def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps):
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
-                FAST=fast, RULE=rule, SCANNED=scanned, CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4)
+                FAST=fast, RULE=rule, SCANNED=scan != "race", CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
+                STOP_STATS=scan == "kernel")
     assert "_logits_race_kernel" in _compile(kernels._logits_race_kernel, pads).asm["ptx"]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("flags", [True, False])  # fused_logits writes the bad-id flag; the peer has none
+def test_scan_kernel_compiles_for_sm90(fast, flags):
+    kernels = _kernels()
+    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, SPLITS_PAD=16, PRECISE_MATH=True, FAST=fast, FLAGS=flags)
+    assert "_scan_kernel" in _compile(kernels._scan_kernel, pads).asm["ptx"]
 
 
 def test_block_mass_kernel_compiles_for_sm90():

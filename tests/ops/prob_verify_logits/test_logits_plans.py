@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from sdbench.ops.prob_verify.triton_kernels import resident_programs  # noqa: E402
 from sdbench.ops.prob_verify_logits import triton_kernels as kernels  # noqa: E402
 
 
@@ -18,17 +19,64 @@ def h200(monkeypatch):
     return torch.device("cuda")
 
 
-@pytest.mark.parametrize("batch,gamma,vocab,expected", [
-    (1, 16, 128256, False),  # the race's 126 programs fit beside each other: the repeated scans are free
-    (16, 8, 32000, False),
-    (32, 8, 128256, True),  # 32·126 race programs fill 16 per SM, 126 against 17 rows a sequence
-    (128, 16, 32000, True),
-    (512, 4, 32000, True),  # 5 race programs a sequence against 9 rows
-    (512, 16, 128256, False),  # 5 against 33: the extra arrivals in pass 1 cost more than the repeats
+@pytest.mark.parametrize("batch,vocab,expected", [
+    (1, 128256, "race"),  # 126 race chunks fit beside each other: the repeated scans cost latency only
+    (16, 32000, "race"),
+    (32, 128256, "kernel"),  # 32·126 chunks: more than 16 per SM
+    (128, 32000, "kernel"),
+    (512, 32000, "kernel"),
 ])
-def test_where_the_accept_scan_runs(h200, batch, gamma, vocab, expected):
+def test_where_the_accept_scan_runs(h200, batch, vocab, expected):
     race = kernels.default_race_plan(batch, vocab, h200)
-    assert kernels.default_scan_in_pass_one(batch, gamma, race, h200) is expected
+    assert kernels.default_scan(batch, race, h200) == expected
+
+
+@pytest.mark.parametrize("registers,warps,shared,expected", [
+    (40, 4, 0, 12),  # pass 1 (bf16 and fp32): 1280 registers a warp, 12 warps per partition
+    (64, 4, 1024, 8),  # the race at 1024-column chunks
+    (72, 4, 1024, 7),
+    (255, 4, 0, 2),
+    (32, 1, 0, 32),  # the 32-block cap, before 64 warps
+    (32, 4, 100 * 1024, 2),  # shared memory (+1 KB a block) binds
+])
+def test_resident_programs_follow_cudas_occupancy_rule(registers, warps, shared, expected):
+    props = types.SimpleNamespace(regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
+                                  shared_memory_per_multiprocessor=233472)
+    assert resident_programs(registers, warps, shared, props) == expected
+
+
+@pytest.mark.parametrize("batch,gamma,vocab", [(32, 8, 128256), (128, 4, 128256), (32, 16, 32000), (512, 4, 128256)])
+def test_pass_one_fills_several_waves(h200, batch, gamma, vocab):
+    rows = batch * (2 * gamma + 1)
+    plan = kernels.default_stats_plan(batch, gamma, vocab, h200, per_sm=12)
+    programs = rows * plan.splits
+    assert programs >= kernels.STATS_WAVES * 12 * 132 * 0.9  # about STATS_WAVES waves, not one and a third
+    assert (plan.splits - 1) * plan.span < vocab <= plan.splits * plan.span
+
+
+@pytest.mark.parametrize("batch,vocab", [(1, 128256), (32, 128256), (32, 32000), (128, 32000), (512, 128256),
+                                         (4096, 151936)])
+def test_the_race_is_one_wave(h200, batch, vocab):
+    race = kernels.default_race_plan(batch, vocab, h200, per_sm=8)
+    chunks = -(-vocab // (4 * race.rows))
+    assert race.programs * race.steps >= chunks > (race.programs - 1) * race.steps  # every chunk, once
+    least = min(chunks, kernels.RACE_MIN_PROGRAMS)
+    assert race.programs >= least
+    # at most a wave, unless RACE_MIN_PROGRAMS a sequence take more; most of one where the chunks fill it
+    assert batch * race.programs <= max(batch * least, 8 * 132)
+    if batch * chunks >= 8 * 132:
+        assert batch * race.programs > 8 * 132 / 2
+
+
+def test_pass_one_below_a_wave_pads_few_partials(h200):
+    plan = kernels.default_stats_plan(1, 16, 151936, h200, per_sm=12)  # 149 tiles: 38 splits of 4 would pad to 64
+    assert plan.splits == 30 and plan.span == 5 * kernels.STATS_TILE
+    assert kernels.default_stats_plan(1, 16, 128256, h200, per_sm=12).splits == 32  # 126 tiles in 32: no change
+    assert kernels.default_stats_plan(1, 4, 128256, h200, per_sm=12).splits == 32  # not 126 one-tile spans
+    assert kernels.default_stats_plan(1, 4, 32000, h200, per_sm=12).splits == 32  # 32 one-tile spans stay
+    assert kernels.default_stats_plan(32, 8, 128256, h200, per_sm=12).splits == 12  # several waves: no change
+    # one tile a program fits a wave (9 rows × 149 tiles), but 149 partials pad to 256 (50 of 3 tiles to 64, 38 of 4 to 64)
+    assert kernels.default_stats_plan(1, 4, 151936, h200, per_sm=12) == kernels.StatsPlan(5 * kernels.STATS_TILE, 30)
 
 
 def test_race_chunks_are_capped_on_a_gpu(h200):
@@ -38,12 +86,20 @@ def test_race_chunks_are_capped_on_a_gpu(h200):
 
 
 def test_pass_one_takes_several_tiles_once_a_wave_is_full(h200):
-    plan = kernels.default_stats_plan(1, 16, 128256, h200)  # 33 rows × 126 tiles > 16 programs per SM
+    plan = kernels.default_stats_plan(1, 16, 128256, h200)  # 33 rows × 126 tiles > a wave of 12 per SM
     assert plan.span >= kernels.STATS_MIN_TILES * kernels.STATS_TILE
     assert kernels.default_stats_plan(1, 4, 32000, h200).span == kernels.STATS_TILE  # 9 × 32 tiles fit a wave
 
 
-def test_the_block_rule_refuses_the_pass_one_scan():
+@pytest.mark.parametrize("scan", ["pass1", "kernel"])
+def test_the_block_rule_refuses_another_scan(scan):
     inputs = types.SimpleNamespace(shape=(2, 3, 64), draft_tokens=torch.zeros(2, 3))  # refused before any launch
-    with pytest.raises(ValueError, match="token rule"):
-        kernels.fused_logits_launcher(inputs, {}, fast=False, rule="block", scan_in_pass_one=True)
+    with pytest.raises(ValueError, match="block rule scans in the race"):
+        kernels.fused_logits_launcher(inputs, {}, fast=False, rule="block", scan=scan)
+
+
+@pytest.mark.parametrize("scan,combine", [("pass1", False), ("kernel", True)])
+def test_a_scan_refuses_the_wrong_combine(scan, combine):
+    inputs = types.SimpleNamespace(shape=(2, 3, 64), draft_tokens=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="combine"):
+        kernels.fused_logits_launcher(inputs, {}, fast=False, scan=scan, combine=combine)

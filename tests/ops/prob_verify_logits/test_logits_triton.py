@@ -150,17 +150,17 @@ def _run_cases() -> dict[str, str | None]:
                                        fast.target_temperature, fast.draft_temperature, fast.uniforms,
                                        fast.exponential_noise)
         peer = snapshot(vllm.prepare(fast))  # the first call's draws
-        for scan, sample in ((False, "race"), (True, "race"), (False, "cdf"), (True, "cdf")):
-            # fast mode: the scan in pass 1 draws the race's accept uniforms
+        for scan, sample in ((scan, sample) for scan in ("race", "pass1", "kernel") for sample in ("race", "cdf")):
+            # fast mode: a scan in pass 1 or in its own kernel draws the race's accept uniforms
             outputs = allocate_outputs(fast)
             launch = kernels.fused_logits_launcher(inputs, outputs, fast=True, seed=fast.seed, offset=fast.offset,
-                                                   scan_in_pass_one=scan, sample=sample)
+                                                   scan=scan, sample=sample)
             launch()
             if sample == "race" and not torch.equal(outputs["output_tokens"], peer["output_tokens"]):
-                return f"scan in pass 1 {scan}: {outputs['output_tokens'].tolist()} != vllm's {peer['output_tokens'].tolist()}"
+                return f"scan {scan}: {outputs['output_tokens'].tolist()} != vllm's {peer['output_tokens'].tolist()}"
             launch()
             if any(counter.any() for counter in launch.scratch):
-                return f"scan in pass 1 {scan}: scratch not reset: {launch.scratch}"
+                return f"scan {scan}: scratch not reset: {launch.scratch}"
         return None
 
     def plan_covers():
@@ -179,9 +179,9 @@ def _run_cases() -> dict[str, str | None]:
         return None if not failures else f"stats plan violated: {failures}"
 
     def any_split():
-        """Pass 1's split of each row, where the accept scan runs (pass 1 or every race program) and who combines a
-        row's partials (pass 1 or every race program) change
-        the partials, never the outputs (supplied randomness); both scans equal the reference."""
+        """Pass 1's split of each row, where the accept scan runs (pass 1, its own kernel or every race program)
+        and who combines a row's partials (pass 1, the scan kernel or every race program) change the partials,
+        never the outputs (supplied randomness); every scan equals the reference and flags the bad id."""
         w = make_logits_workload(LogitsConfig(3, 2, vocab_size=300, seed=9))
         w.draft_tokens[1, 1] = 300  # a bad id: its flag comes from whichever kernel scans
         inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
@@ -190,15 +190,15 @@ def _run_cases() -> dict[str, str | None]:
                                             w.draft_temperature, w.uniforms, w.exponential_noise)
         failures = []
         for span in (64, 128, 320):
-            for scan, combine in ((False, True), (True, True), (False, False)):
+            for scan, combine in (("race", True), ("pass1", True), ("race", False), ("kernel", None)):
                 outputs = allocate_outputs(w)
                 plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
-                kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan, scan_in_pass_one=scan,
+                kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan, scan=scan,
                                               combine=combine)()
                 if not (torch.equal(outputs["output_tokens"], want["output_tokens"])
                         and torch.equal(outputs["accepted_lengths"], want["accepted_lengths"])
                         and outputs["error_flags"].tolist() == [0, TOKEN_OUT_OF_RANGE, 0]):
-                    failures.append(f"span {span} scan in pass 1 {scan} combine {combine}: "
+                    failures.append(f"span {span} scan {scan} combine {combine}: "
                                     f"{outputs['output_tokens'].tolist()} "
                                     f"flags {outputs['error_flags'].tolist()} != {want['output_tokens'].tolist()}")
         return "; ".join(failures) or None
