@@ -4,26 +4,29 @@ their launchers.
 Two designs, both equal to `reference.prob_verify_logits` on supplied randomness (up to near-ties at
 float32 rounding, see reference.py):
 
-- fused_logits (sdbench, 2 launches). The dependency: the accept test at position i needs p_i(x_i)
-  and q_i(x_i), i.e. the softmax normalisers (max, Σexp) of target row i and draft row i, and the
-  first rejection k needs all of them; the race at k needs rows k again. So:
+- fused_logits (sdbench, 2 launches, 3 where the race fills the machine). The dependency: the accept
+  test at position i needs p_i(x_i) and q_i(x_i), i.e. the softmax normalisers (max, Σexp) of target
+  row i and draft row i, and the first rejection k needs all of them; the race at k needs rows k again. So:
   1. `_row_stats_kernel`, grid (B·(2γ+1), splits): program (row, s) sweeps its span of one logits
-     row (target rows 0..γ, then draft rows 0..γ-1) in STATS_TILE-column steps, each lane of the tile
-     keeping its own online max and Σexp(z - max) (one exp per logit, no reduction inside the loop) and
-     (greedy rows) the first argmax of z = logits·(1/T). Writes one partial (max, sumexp, argmax)
-     per program, and the last program of each row combines the row's partials into one (max, sumexp,
-     argmax) per row. Every logit is read once: this is the floor, and the kernel is a pure stream.
-     splits is chosen so B·(2γ+1)·splits fills the machine; at B·(2γ+1) >= 16·SMs it is 1.
-     When the race fills the machine and has at least (2γ+1)/4 programs per sequence
-     (`default_scan_in_pass_one`), the sequence's last combined row also runs the accept scan once and
-     writes k (SCAN).
-  2. `_logits_race_kernel`, grid (B, programs), the prob `fused` sampler's shape (at large B a program
-     takes several chunks of at most RACE_CHUNK_MAX columns, `race_steps`): program (b, c) reads its
-     sequence's 2γ+1 row stats (L2) and k (SCANNED), or gathers the 2γ logits at the draft tokens and
-     runs the accept scan to k itself, then reads its chunk of target row k and draft row
-     k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with the row-k
-     normalisers, and folds its best race key w/E into best[b] with a 64-bit atomic max; the last
-     program to arrive writes the outputs (greedy targets skip the row: next = argmax of row k).
+     row (target rows 0..γ, then draft rows 0..γ-1) in STATS_TILE-column steps, each lane of 16 bytes
+     keeping its own online max and Σexp(z - max) (no reduction inside the loop) and (greedy rows) the
+     first argmax of z = logits·(1/T). Writes one partial (max, sumexp, argmax) per program. Every logit
+     is read once: this is the floor, and the kernel is a pure stream. The split aims at STATS_WAVES
+     waves of the programs an SM holds (the compiled kernel's registers decide how many).
+  2. The accept scan (`scan`, `default_scan`): where the race fills the machine, `_scan_kernel`, grid
+     (B,), combines each sequence's partials, scans to k, and writes k, row k's normalisers and the bad-id
+     flag, so pass 1 makes no arrival atomics (they cost it ~20%) and the race starts from 7 numbers;
+     where it does not, every race program combines and scans itself (the repeats run beside each other,
+     and a launch between the passes would add its latency). Also available: "pass1", the sequence's
+     last pass-1 row combines its row and scans, with acq_rel arrivals (COMBINE, SCAN).
+  3. `_logits_race_kernel`, grid (B, programs), the prob `fused` sampler's shape (a program takes
+     `steps` chunks of at most RACE_CHUNK_MAX columns; one wave of programs, at least RACE_MIN_PROGRAMS
+     a sequence, `race_steps`): program (b, c) reads its chunk of target row k and draft row k (2 rows per
+     sequence: ~2/(2γ+1) of pass 1), turns them into p and q with the row-k normalisers, and (fast mode)
+     stores its chunks' residual masses, from which the last program to arrive draws the token by
+     inversion (`_cdf_pick`), or (supplied randomness) folds its best race key w/E into best[b] with a
+     64-bit atomic max; the last arrival writes the outputs (greedy targets skip the row: next = argmax
+     of row k).
 - fused_logits with rule="block" (Sun et al., reference.block_stop; 3 launches, 2 when γ = 1). The
   dependency: h_i needs r_i = Σ_x max(0, w_i·p_i(x) - q_i(x)) at every i < γ, a sum over whole rows
   that needs the normalisers (pass 1) and w_i (the ratios at the draft tokens, 2γ gathered logits), and
@@ -39,8 +42,8 @@ float32 rounding, see reference.py):
   rejection sampler (vllm/v1/worker/gpu/sample: block max / sum-exp over vocabulary tiles, a
   per-request accept scan, a Gumbel-max resample of the rejected row), re-implemented here from that
   description, not copied: (1) the same block stats kernel with one VLLM_BLOCK tile per program
-  (no splitting plan); (2) `_vllm_scan_kernel` grid (B,): combine the blocks, scan, write k and the
-  row-k normalisers; (3) `_vllm_resample_kernel` grid (B, blocks): Gumbel keys log(w) - log(E) over a
+  (no splitting plan); (2) `_scan_kernel` grid (B,) (fused_logits' own, without the flag): combine the
+  blocks, scan, write k and the row-k normalisers; (3) `_vllm_resample_kernel` grid (B, blocks): Gumbel keys log(w) - log(E) over a
   block of row k, per-block (max, argmax) written out; (4) `_vllm_finish_kernel` grid (B,): combine
   the block winners and write the outputs.
 
@@ -79,10 +82,11 @@ except ImportError:  # older Triton layouts
 TILE = 64 if INTERPRETED else 2048  # columns per step of a block-mass program (16 per thread at 4 warps)
 STATS_WARPS = 4
 # Pass 1's tile: 8 logits per thread at 4 warps, two tiles in flight. Measured on the H200 (GPU µs, cold L2, pass
-# 1 alone, b=512 γ=8 V=128256): bf16 631 (2048 with prefetch: 635; without: 933; per-tile reductions: 744),
-# fp32 1017 (1064; 1120; 1006): docs/perf-notes.md, "Pass 1 per lane".
+# 1 alone, b=512 γ=8 V=128256, session 6's per-logit max): bf16 631 (2048 with prefetch: 635; without: 933;
+# per-tile reductions: 744), fp32 1017 (1064; 1120; 1006): docs/perf-notes.md, "Pass 1 per lane". With
+# 16-byte lanes (session 8): bf16 547, fp32 1001.
 STATS_TILE = 32 if INTERPRETED else 1024
-STATS_PROGRAMS_PER_SM = 16  # pass 1 is a pure stream: many programs in flight per SM hide latency (4 -> 16: b=32 V=128256 bf16 122.7 -> 97.8 µs cold; 64 is slower)
+STATS_PROGRAMS_PER_SM = 16  # the block rule's mass pass: programs per SM it aims at (pass 1 sizes itself by waves now)
 NO_INDEX = tl.constexpr(2**31 - 1)  # globals a jit function reads must be constexpr
 LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: pass 1's empty lane (see _row_stats_kernel)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -167,8 +171,9 @@ def _row_stats_kernel(
     logit, so 12 programs fit an SM, not 8.
     COMBINE (fused_logits): the row's last program to arrive (arrivals_ptr, int32 per row, left zeroed)
     combines the row's `splits` partials into row_*_ptr[row] (one program per row writes there directly),
-    so the race reads 2γ+1 numbers per sequence, not (2γ+1)·splits in every one of its programs. Without
-    it (vllm_v2_style, whose scan kernel combines the blocks once) the partials are the output.
+    so the race reads 2γ+1 numbers per sequence, not (2γ+1)·splits in every one of its programs (the block
+    rule, scan "pass1"). Without it (scan "kernel" and vllm_v2_style, whose `_scan_kernel` combines them
+    once a sequence; scan "race" below a wave) the partials are the output.
     SCAN (fused_logits, token rule; needs COMBINE): the sequence's last row to be combined (a second arrival
     counter, per sequence) runs the accept scan once for the sequence (`_scan_in_pass_one`), so the race's
     programs start from k instead of each gathering 2γ logits and scanning."""

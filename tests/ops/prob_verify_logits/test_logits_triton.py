@@ -97,11 +97,11 @@ def test_softmax_flashinfer_is_optional_with_a_reason():
 def _run_cases() -> dict[str, str | None]:
     import torch
 
+    from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE
+    from sdbench.ops.prob_verify_logits import reference
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.checks import check
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
-    from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE
-    from sdbench.ops.prob_verify_logits import reference
     from sdbench.ops.prob_verify_logits.workload import make_logits_workload
 
     verdicts: dict[str, str | None] = {}
