@@ -109,15 +109,16 @@ def test_graph_replay_equals_eager(name, vocab):
     assert bool((run.philox_offsets == fast.offset + 1).all())
 
 
+@pytest.mark.parametrize("sample", ["race", "cdf"])  # the race's best keys, or the inversion's chunk masses
 @pytest.mark.parametrize("scan", ["race", "pass1", "kernel"])
-def test_fused_logits_leaves_its_race_scratch_zeroed(scan):
+def test_fused_logits_leaves_its_race_scratch_zeroed(scan, sample):
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
     w = make_logits_workload(LogitsConfig(32, 4, vocab_size=32000, seed=10), DEVICE)
     inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                    w.draft_temperature, w.uniforms, w.exponential_noise)
-    launch = kernels.fused_logits_launcher(inputs, allocate_outputs(w), fast=True, scan=scan)
+    launch = kernels.fused_logits_launcher(inputs, allocate_outputs(w), fast=True, scan=scan, sample=sample)
     launch()
     launch()
     torch.cuda.synchronize()
@@ -171,7 +172,10 @@ def test_plans_fill_waves_of_the_compiled_kernels():
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     assert 32 * race.programs <= race_per_sm * sms
     assert 32 * (2 * 8 + 1) * plan.splits >= 3 * stats_per_sm * sms  # several waves of pass 1
-    assert resident_programs(255, 4, 0, torch.cuda.get_device_properties(device)) == 2  # the props the rule reads
+    props = torch.cuda.get_device_properties(device)
+    for name in ("regs_per_multiprocessor", "max_threads_per_multi_processor", "shared_memory_per_multiprocessor"):
+        assert hasattr(props, name), name  # the rule reads the device's own numbers, not its defaults
+    assert resident_programs(255, 4, 0, props) == 2
 
 
 @pytest.mark.parametrize("name,randomness", [("fused_logits", "fast"), ("fused_logits", "supplied"),

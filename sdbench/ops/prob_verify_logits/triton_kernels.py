@@ -1086,8 +1086,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     race = race_plan or default_race_plan(batch, vocab, device)
     if rule == "block":
         scan = "race"
-    elif scan is None:
-        scan = default_scan(batch, race, device)
+    elif scan is None:  # (combine=True asks pass 1 to combine: the scan kernel would combine again)
+        scan = "race" if combine else default_scan(batch, race, device)
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
@@ -1095,9 +1095,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
-        if stats_plan_ is None:
+        if stats_plan_ is None and stats_per_sm is not None:
             plan = default_stats_plan(batch, gamma, vocab, device, per_sm=stats_per_sm)
-        if race_plan is None:
+        if race_plan is None and race_per_sm is not None:
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm)
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,

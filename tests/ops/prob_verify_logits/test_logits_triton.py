@@ -171,8 +171,14 @@ def _run_cases() -> dict[str, str | None]:
             plan = kernels.stats_plan(rows, vocab, target, tile=2048, min_tiles=min_tiles)
             tiles = -(-vocab // 2048)
             wanted = max(1, min(tiles, -(-target // rows)))
+            def lean(span_tiles):  # few partials, little padding (below a wave)
+                splits = -(-tiles // span_tiles)
+                return splits <= kernels.STATS_SPLITS_BELOW_WAVE and 4 * (1 << (splits - 1).bit_length()) <= 5 * splits
+
+            span_tiles = plan.span // 2048
             ok = (plan.span % 2048 == 0 and (plan.splits - 1) * plan.span < vocab <= plan.splits * plan.span
-                  and (plan.span == 2048 if rows * tiles <= target
+                  and (plan.span == 2048 or (lean(span_tiles) and not lean(span_tiles - 1))
+                       if rows * tiles <= target
                        else plan.splits <= wanted and plan.span >= 2048 * min(min_tiles, tiles)))
             if not ok:
                 failures.append((rows, vocab, target, min_tiles, plan))
