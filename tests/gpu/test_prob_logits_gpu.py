@@ -20,12 +20,13 @@ import torch
 
 from sdbench import parity, registry
 from sdbench.ops.prob_verify_logits.checks import check
-from sdbench.ops.prob_verify_logits.workload import LogitsConfig, make_logits_workload
+from sdbench.ops.prob_verify_logits.workload import LogitsConfig, logits_workload_from_logits, make_logits_workload
 
 _TESTS = Path(__file__).resolve().parents[1] / "ops"
 sys.path.insert(0, str(_TESTS / "prob_verify"))
 sys.path.insert(0, str(_TESTS / "prob_verify_logits"))
-from test_logits_exactness import SIGNIFICANCE, group_pvalues, mixed_rounds  # noqa: E402
+from test_logits_exactness import SIGNIFICANCE, fixed_logits, group_pvalues, mixed_rounds  # noqa: E402
+from test_prob_exactness import exactness_pvalues  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
@@ -235,3 +236,67 @@ def test_drawing_by_the_race_makes_the_peers_draws(dtype):
     vllm = _snapshot(registry.get("prob_verify_logits", "vllm_v2_style").prepare(w)())
     for name in vllm:
         assert torch.equal(race[name], vllm[name]), name
+
+
+SPREAD_VOCAB = 8192  # 16 live columns, two in each 1024-column race chunk of the first 8
+
+
+def _spread(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, 16] logits placed at columns 512·i + 100 of [rows, SPREAD_VOCAB] (-1e4 elsewhere: p = q = 0
+    there in float32), and those columns."""
+    columns = torch.arange(16) * 512 + 100
+    wide = torch.full((logits.shape[0], SPREAD_VOCAB), -1e4)
+    wide[:, columns] = logits
+    return wide, columns
+
+
+def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4):
+    """fused_logits' outputs (fast mode: the inversion) over the spread logits, the tokens mapped back to
+    0..15 (16 for a column that should never be drawn), and the p and q the kernel sees."""
+    target, draft = fixed_logits()
+    wide_target, columns = _spread(target)
+    wide_draft, _ = _spread(draft)
+    index = torch.full((SPREAD_VOCAB,), 16, dtype=torch.int64, device=DEVICE)
+    index[columns.to(DEVICE)] = torch.arange(16, device=DEVICE)
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    outputs = {"output_tokens": [], "accepted_lengths": []}
+    for part in range(parts):
+        cfg = LogitsConfig(rounds // parts, 2, vocab_size=SPREAD_VOCAB, logits_dtype=dtype, temperatures=(1.0,),
+                           seed=30 + part)
+        w = logits_workload_from_logits(wide_target.to(DEVICE).expand(cfg.batch_size, -1, -1),
+                                        wide_draft.to(DEVICE).expand(cfg.batch_size, -1, -1), cfg)
+        w = w.with_randomness("fast")
+        out = allocate_outputs(w)
+        launch = kernels.fused_logits_launcher(
+            kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                  w.draft_temperature, w.uniforms, w.exponential_noise), out, fast=True, seed=w.seed,
+            offset=w.offset)
+        race = launch.plans[1]
+        # the inversion's two levels: 8 chunks of 1024 columns, two live ones in each
+        assert launch.sample == "cdf" and (4 * race.rows, race.programs * race.steps) == (1024, 8), race
+        launch()
+        tokens = out["output_tokens"]
+        outputs["output_tokens"].append(torch.where(tokens >= 0, index[tokens.clamp_min(0)], tokens).cpu())
+        outputs["accepted_lengths"].append(out["accepted_lengths"].cpu())
+    seen = w.target_logits[0][:, columns.to(DEVICE)].float().cpu(), w.draft_logits[0][:, columns.to(DEVICE)].float().cpu()
+    return {name: torch.cat(parts_) for name, parts_ in outputs.items()}, seen
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_inversion_over_several_chunks_is_exact(dtype):
+    """Fast mode's residual draw by inversion (`_cdf_pick`: a chunk from the race programs' chunk masses,
+    then a column within it) where the residual spreads over 8 chunks, two live columns in each: the
+    tokens' distribution is the target's (χ², test_prob_exactness's checks, p-value > 1e-3), and never a
+    dead column. Must fail: the same draws read with the chunks' order shifted by one (a chunk-level
+    mistake of the inversion) fail the first-token check."""
+    outputs, (target, draft) = _spread_draws(dtype)
+    p, q = target.softmax(dim=1), draft.softmax(dim=1)
+    assert int((outputs["output_tokens"] == 16).sum()) == 0
+    pvalues = exactness_pvalues(outputs, p, q)
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+    shifted = outputs["output_tokens"].clone()
+    live = shifted >= 0
+    shifted[live] = (shifted[live] + 2) % 16  # column 2c + j read as chunk c + 1's
+    assert exactness_pvalues({**outputs, "output_tokens": shifted}, p, q)["first_token"] < SIGNIFICANCE

@@ -90,6 +90,7 @@ STATS_PROGRAMS_PER_SM = 16  # the block rule's mass pass: programs per SM it aim
 NO_INDEX = tl.constexpr(2**31 - 1)  # globals a jit function reads must be constexpr
 LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: pass 1's empty lane (see _row_stats_kernel)
 LOG2E = tl.constexpr(1.4426950408889634)
+NATIVE = tl.constexpr(not INTERPRETED)  # compiled for CUDA: inline PTX (`_exp2`'s FTZ) is available
 TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_contract
 STREAM_CDF = tl.constexpr(2)  # fast mode's Philox stream of the residual draw by inversion (0: accept, 1: race)
 RACE_PROGRAMS_PER_SM = 16  # the race's programs beyond this run several chunks each (race_steps)
@@ -490,39 +491,40 @@ def _block_mass_kernel(
 
 
 @triton.jit
-def _row_logits(target_row, draft_row, cols, vocab, has_draft):
-    """The raw target and draft logits at cols of row k (-inf where masked; no draft row at the bonus row)."""
+def _row_logits(target_row, draft_row, cols, vocab, has_draft, greedy_d):
+    """The raw target and draft logits at cols of row k (-inf where masked). No draft row is read at the
+    bonus row, nor for a greedy draft, whose q is one-hot at its argmax (`_residual_of`)."""
     z_t = tl.load(target_row + cols, mask=cols < vocab, other=float("-inf"))
-    z_d = tl.load(draft_row + cols, mask=cols < tl.where(has_draft, vocab, 0), other=float("-inf"))
+    z_d = tl.load(draft_row + cols, mask=cols < tl.where(has_draft & (greedy_d == 0), vocab, 0), other=float("-inf"))
     return z_t, z_d
 
 
 @triton.jit
 def _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t, max_d, sum_d, arg_d,
                  target_scale, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr):
-    """(w, p) from row k's raw logits at cols: w = p - q (q := 0 at the bonus row; positive where the
-    residual is), p the target's probability. Supplied randomness computes p and q as the reference does
-    (IEEE division, the precise exp); fast mode, whose draws are exact in distribution and never compared
-    bit for bit, uses the hardware exp and one multiply by 1/S (a relative error of a few 1e-7 in p and q,
-    against ~60 instructions per column saved). Elementwise: a column's w is the same float whatever the
-    shape of cols. SCALED (the block rule): w = target_scale·p - q, target_scale = w_τ below γ and 1 at
-    the bonus row."""
-    z_t = z_t.to(tl.float32) * inverse_t
-    if FAST:  # in-kernel randomness is exact in distribution, never bit-compared: the hardware exp, one multiply
-        p = tl.exp(z_t - max_t) * (1.0 / sum_t)
-    else:
-        p = tl.math.div_rn(_exp(z_t - max_t, PRECISE_MATH), sum_t)
-    if SCALED:
-        p = target_scale * p
-    draft_inside = cols < tl.where(has_draft, vocab, 0)
-    z_d = z_d.to(tl.float32) * inverse_d
+    """w = p - q from row k's raw logits at cols (`_row_logits`; q := 0 at the bonus row): positive where
+    the residual is. Supplied randomness computes p and q as the reference does (IEEE division, the
+    precise exp). Fast mode, whose draws are exact in distribution and never compared bit for bit, folds
+    1/T, the max and the sum into one exponent, p = 2^(z·c - b) with c = log2(e)/T and b = log2(e)·M +
+    log2(S), so a logit costs an FMA and the bare MUFU.EX2 (`_exp2`): the race reads two logits for one
+    output and was issue-bound at ~18 instructions a logit (H200, bf16: 3.2 TB/s). The exponent's
+    rounding is what the old z/T - M had (a relative few 1e-6 in p and q). Elementwise: a column's w is
+    the same float whatever the shape of cols. SCALED (the block rule): w = target_scale·p - q,
+    target_scale = w_τ below γ and 1 at the bonus row."""
     if FAST:
-        q = tl.exp(z_d - max_d) * (1.0 / sum_d)
+        p = _exp2(tl.fma(z_t.to(tl.float32), inverse_t * LOG2E, -(max_t * LOG2E + tl.log2(sum_t))), NATIVE)
+        if SCALED:
+            p = target_scale * p
+        q = _exp2(tl.fma(z_d.to(tl.float32), inverse_d * LOG2E, -(max_d * LOG2E + tl.log2(sum_d))), NATIVE)
+        # a greedy draft's q is one-hot at its argmax (its logits were not loaded: 2^-inf = 0 elsewhere)
+        return p - tl.where(cols == tl.where(greedy_d & has_draft, arg_d, -1), 1.0, q)
     else:
-        q = tl.math.div_rn(_exp(z_d - max_d, PRECISE_MATH), sum_d)
-    q = tl.where(greedy_d, tl.where(cols == arg_d, 1.0, 0.0), q)
-    q = tl.where(draft_inside, q, 0.0)
-    return p - q, p
+        p = tl.math.div_rn(_exp(z_t.to(tl.float32) * inverse_t - max_t, PRECISE_MATH), sum_t)
+        if SCALED:
+            p = target_scale * p
+        q = tl.math.div_rn(_exp(z_d.to(tl.float32) * inverse_d - max_d, PRECISE_MATH), sum_d)
+        q = tl.where(greedy_d, tl.where(cols == arg_d, 1.0, 0.0), q)
+        return p - tl.where(cols < tl.where(has_draft, vocab, 0), q, 0.0)
 
 
 @triton.jit
@@ -530,7 +532,7 @@ def _row_residual(target_row, draft_row, cols, vocab, has_draft, inverse_t, inve
                   max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
                   SCALED: tl.constexpr):
     """`_residual_of` at cols of row k, loaded here."""
-    z_t, z_d = _row_logits(target_row, draft_row, cols, vocab, has_draft)
+    z_t, z_d = _row_logits(target_row, draft_row, cols, vocab, has_draft, greedy_d)
     return _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t, max_d, sum_d,
                         arg_d, target_scale, PRECISE_MATH, FAST, SCALED)
 
@@ -540,13 +542,13 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
               max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr,
               SCALED: tl.constexpr):
     """Packed race keys w/E at cols of row k (`_row_residual`); -1 where w <= 0."""
-    residual, p = _row_residual(target_row, draft_row, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
-                                max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH, FAST, SCALED)
+    residual = _row_residual(target_row, draft_row, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
+                             max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH, FAST, SCALED)
     if FAST:
         key = residual / noise
     else:
         key = tl.math.div_rn(residual, noise)  # IEEE, as PyTorch's w / E
-    return _pack(tl.where(residual > 0, key, -1.0), cols), p
+    return _pack(tl.where(residual > 0, key, -1.0), cols)
 
 
 @triton.jit
@@ -578,9 +580,9 @@ def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft
     # >= 0: `before` may round an ulp above the threshold; 0 then takes the chunk's first positive column
     fraction = tl.maximum((threshold - before) / tl.where(chunk_mass > 0, chunk_mass, 1.0), 0.0)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    w, _ = _row_residual(target_row, draft_row, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
-                         max_t, sum_t, max_d, sum_d, arg_d, target_scale, True, True, SCALED)
-    w = tl.where(w > 0, w, 0.0).to(tl.float64)
+    w = _row_residual(target_row, draft_row, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
+                      max_t, sum_t, max_d, sum_d, arg_d, target_scale, True, True, SCALED)
+    w = tl.maximum(w, 0.0).to(tl.float64)  # (the race's chunk masses sum the same max(w, 0))
     within = tl.cumsum(w, axis=0)
     # the fraction of c's own sum, so the two levels agree however the chunk's floats were grouped
     below = tl.sum((within <= fraction * tl.sum(w, axis=0)).to(tl.int32), axis=0)
@@ -678,7 +680,7 @@ def _logits_race_kernel(
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
-    STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr,
+    STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr,
 ):
     """Grid (B, chunks); program (b, c) owns STEPS chunks of 4·ROWS columns of the stopping row, columns
     [c·STEPS·4·ROWS, (c+1)·STEPS·4·ROWS): at large B, where the chunks alone would fill the machine many
@@ -745,15 +747,17 @@ def _logits_race_kernel(
     draft_row = draft_ptr + b * stride_q_b + draft_k * stride_q_row
     if temperature_t != 0:  # a greedy target's next token is the argmax of row k: no race, no row read
         if CDF:  # fast mode by inversion: each chunk's residual mass; the last arrival draws (`_cdf_pick`)
+            # lanes of VEC adjacent columns (16 bytes: one load a lane and row); no noise, so no groups of 4
             first = tl.program_id(1) * STEPS
-            cols = _chunk_columns(first * (4 * ROWS), ROWS)  # past V: masked, nothing read, mass 0
-            z_t, z_d = _row_logits(target_row, draft_row, cols, vocab, has_draft)
+            lanes = tl.arange(0, 4 * ROWS // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+            cols = first * (4 * ROWS) + lanes  # past V: masked, nothing read, mass 0
+            z_t, z_d = _row_logits(target_row, draft_row, cols, vocab, has_draft, greedy_d)
             for step in range(STEPS):  # the next chunk's logits load while this chunk's are summed
-                next_cols = _chunk_columns((first + tl.minimum(step + 1, STEPS - 1)) * (4 * ROWS), ROWS)
-                next_t, next_d = _row_logits(target_row, draft_row, next_cols, vocab, has_draft)
-                w, _ = _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t,
-                                    max_d, sum_d, arg_d, target_scale, True, True, RULE == "block")
-                tl.store(chunk_mass_ptr + b * chunks * STEPS + first + step, tl.sum(tl.where(w > 0, w, 0.0)))
+                next_cols = (first + tl.minimum(step + 1, STEPS - 1)) * (4 * ROWS) + lanes
+                next_t, next_d = _row_logits(target_row, draft_row, next_cols, vocab, has_draft, greedy_d)
+                w = _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t,
+                                 max_d, sum_d, arg_d, target_scale, True, True, RULE == "block")
+                tl.store(chunk_mass_ptr + b * chunks * STEPS + first + step, tl.sum(tl.maximum(w, 0.0)))
                 cols, z_t, z_d = next_cols, next_t, next_d
         else:
             best = tl.full([ROWS, 4], -1, tl.int64)  # below every positive key; a max <= 0 means "no w > 0"
@@ -762,9 +766,9 @@ def _logits_race_kernel(
                 cols = _chunk_columns(start, ROWS)  # past V: masked, nothing read, key -1
                 noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
                 # block: at τ < γ the target row is scaled by w_τ; the bonus row (τ = γ) is p_γ as it is
-                keys, _ = _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, inverse_d,
-                                    greedy_d, max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH, FAST,
-                                    RULE == "block")
+                keys = _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, inverse_d,
+                                 greedy_d, max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH, FAST,
+                                 RULE == "block")
                 best = tl.maximum(best, keys)
             tl.atomic_max(best_ptr + b, tl.max(tl.max(best, axis=1), axis=0), sem="relaxed")
     arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
@@ -826,7 +830,7 @@ def _vllm_resample_kernel(
             cols = _chunk_columns(start, ROWS)
             noise = _race_noise(noise_ptr + b * stride_e_b, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH,
                                 FAST)
-            keys, _ = _row_keys(target_row, draft_row, noise, cols, vocab, k < GAMMA, inverse_t, inverse_d,
+            keys = _row_keys(target_row, draft_row, noise, cols, vocab, k < GAMMA, inverse_t, inverse_d,
                                 temperature_d == 0, max_t, sum_t, max_d, sum_d, arg_d, 1.0, PRECISE_MATH, FAST,
                                 False)
             best = tl.maximum(best, keys)
@@ -1164,6 +1168,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=race.steps, FAST=fast,
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel",
+                # 16 bytes a lane where every thread still gets a lane (chunks of 1024 bf16 columns at 4 warps)
+                VEC=max(1, min(16 // t.target_logits.element_size(), 4 * race.rows // (32 * race.num_warps))),
                 num_warps=race.num_warps)
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)

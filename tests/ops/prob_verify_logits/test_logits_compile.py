@@ -61,12 +61,12 @@ def test_row_stats_kernel_compiles_for_sm90(combine, scan, fast, vec):
 
 @pytest.mark.parametrize("rule,scan", [("token", "race"), ("token", "pass1"), ("token", "kernel"), ("block", "race")])
 @pytest.mark.parametrize("fast,cdf", [(True, True), (True, False), (False, False)])
-@pytest.mark.parametrize("steps", [1, 3])
-def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps):
+@pytest.mark.parametrize("steps,vec", [(1, 8), (3, 4)])  # the inversion's lanes: bfloat16, float32
+def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec):
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
                 FAST=fast, RULE=rule, SCANNED=scan != "race", CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
-                STOP_STATS=scan == "kernel")
+                STOP_STATS=scan == "kernel", VEC=vec)
     assert "_logits_race_kernel" in _compile(kernels._logits_race_kernel, pads).asm["ptx"]
 
 
