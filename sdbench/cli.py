@@ -339,7 +339,7 @@ def sweep_command(
     out: Annotated[str, typer.Option(help="Results folder: one parquet part per config.")] = "results",
     warmup: Annotated[int | None, typer.Option(help="Untimed iterations per view (default: 20).")] = None,
     iters: Annotated[int | None, typer.Option(help="Timed iterations per view, every sample kept (default: 200).")] = None,
-    cold_l2: Annotated[bool, typer.Option("--cold-l2", help="Flush L2 (write 2x its size) before every iteration, untimed.")] = False,
+    cold_l2: Annotated[bool, typer.Option("--cold-l2", help="Flush L2 (read a buffer of 2x its size, leaving it clean) before every iteration, untimed.")] = False,
     shard: Annotated[str | None, typer.Option(help="i/n: run every n-th config starting at i (0-based), e.g. for SLURM arrays.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Skip configs already written to --out.")] = False,
     seed: Annotated[int | None, typer.Option(help="Seed of every config's inputs (default: 0).")] = None,

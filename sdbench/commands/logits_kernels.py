@@ -83,7 +83,7 @@ def per_kernel_us(run, iters: int, flush=None) -> dict[str, float]:
     durations = collections.defaultdict(list)
     for event in prof.profiler.kineto_results.events():
         name = event.name()
-        # the L2 flush is a fill kernel; every design's kernels are Triton kernels named _*_kernel
+        # the L2 flush is torch's (a reduction or a fill); every design's kernels are Triton kernels named _*_kernel
         if event.device_type() != torch.autograd.DeviceType.CPU and name.startswith("_"):
             durations[name.removesuffix("_kernel")].append(event.duration_ns() / 1000.0)
     return {name: sorted(ts)[len(ts) // 2] * len(ts) / iters for name, ts in durations.items()}
@@ -93,13 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--points", required=True, help="batch:γ:V:dtype,... (dtype bf16 or fp32)")
     parser.add_argument("--variants", default="default,vllm")
-    parser.add_argument("--l2", default="cold,warm")
+    parser.add_argument("--l2", default="cold,warm", help="cold (the L2 flushed clean), dirty (flushed by a "
+                        "write: the timed call pays the write-back), warm")
     parser.add_argument("--iters", type=int, default=15)
     parser.add_argument("--out", default=None, help="JSON file of the rows")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    flush = l2_flush(device)
+    flushes = {"cold": l2_flush(device), "dirty": l2_flush(device, dirty=True), "warm": None}
     rows = []
     for point in args.points.split(","):
         batch, gamma, vocab, dtype = point.split(":")
@@ -117,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                                                           **plan_changes(variant, batch, gamma, vocab, sms))
         for l2 in args.l2.split(","):
             for variant, run in calls.items():
-                kernels = per_kernel_us(run, args.iters, flush if l2 == "cold" else None)
+                kernels = per_kernel_us(run, args.iters, flushes[l2])
                 total = sum(kernels.values())
-                rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 == "cold", var=variant, total=total,
+                rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant, total=total,
                                  floor=floor_us, kernels=kernels))
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "
                       f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items()), flush=True)

@@ -176,7 +176,7 @@ class TimingOptions:
     warmup: int = 20
     iters: int = 200
     gpu_iters: int = 50  # iterations profiled for the gpu view (capped at iters)
-    cold_l2: bool = False  # write a buffer of 2x L2 between iterations, outside the timed region
+    cold_l2: bool = False  # read a buffer of 2x L2 between iterations, outside the timed region (l2_flush)
     views: tuple[str, ...] | None = None  # None: every view of the device
     # Noise-aware sampling (wall and graph views): after the first `iters` samples, keep taking batches of
     # `iters` while a callable's median noise exceeds max_noise and less than max_time_s was spent on the view.
@@ -218,16 +218,22 @@ def _rotation(names: list[str], round_index: int) -> list[str]:
 
 
 # --- cold L2 -----------------------------------------------------------------------------------
-def l2_flush(device: str | torch.device) -> Callable[[], None]:
-    """A callable that evicts the cache by writing a buffer of at least 2x its size."""
+def l2_flush(device: str | torch.device, dirty: bool = False) -> Callable[[], None]:
+    """A callable that evicts the cache by reading a buffer of at least 2x its size, so the cache holds
+    clean lines of other data and the timed call pays for its own misses only. dirty: write the buffer
+    instead (the flush before 2026-11-25), which leaves the cache full of dirty lines whose write-back the
+    next timed call pays (on the H200, 50 MB of write-back: ~8-12 µs on every cold measurement;
+    docs/perf-notes.md, "A cold L2 that is clean")."""
     device = torch.device(device)
     if device.type == "cuda":
         l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
         size = 2 * l2_bytes
     else:
         size = CPU_FLUSH_BYTES
-    buffer = torch.empty(size, dtype=torch.int8, device=device)
-    return buffer.zero_
+    buffer = torch.zeros(size // 8, dtype=torch.int64, device=device)
+    if dirty:
+        return buffer.zero_
+    return buffer.sum  # a read of every line (its one-number result is a negligible write)
 
 
 # --- the views ---------------------------------------------------------------------------------

@@ -630,7 +630,7 @@ def kv_roofline_table(report: Report) -> ReportTable:
         any_cell = next(iter(peers.values()))
         floor_us = 2 * any_cell.kv_bytes / report.ceiling_gbps / 1e3
 
-        def shown(value: float | None) -> str:
+        def shown(value: float | None, floor_us: float = floor_us) -> str:
             return "—" if value is None else f"{format_us(value)} ({floor_us / value:.0%})"
 
         times = {name: peers[name].median("gpu") for name in names if name in peers}

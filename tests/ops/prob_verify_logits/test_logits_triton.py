@@ -171,7 +171,7 @@ def _run_cases() -> dict[str, str | None]:
             plan = kernels.stats_plan(rows, vocab, target, tile=2048, min_tiles=min_tiles)
             tiles = -(-vocab // 2048)
             wanted = max(1, min(tiles, -(-target // rows)))
-            def lean(span_tiles):  # few partials, little padding (below a wave)
+            def lean(span_tiles, tiles=tiles):  # few partials, little padding (below a wave)
                 splits = -(-tiles // span_tiles)
                 return splits <= kernels.STATS_SPLITS_BELOW_WAVE and 4 * (1 << (splits - 1).bit_length()) <= 5 * splits
 
