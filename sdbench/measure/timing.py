@@ -223,7 +223,7 @@ def l2_flush(device: str | torch.device, dirty: bool = False) -> Callable[[], No
     clean lines of other data and the timed call pays for its own misses only. dirty: write the buffer
     instead (the flush before 2026-11-25), which leaves the cache full of dirty lines whose write-back the
     next timed call pays (on the H200, 50 MB of write-back: ~8-12 µs on every cold measurement;
-    docs/perf-notes.md, "A cold L2 that is clean")."""
+    docs/perf-notes.md, "From logits, session 10")."""
     device = torch.device(device)
     if device.type == "cuda":
         l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
