@@ -222,7 +222,7 @@ def l2_flush(device: str | torch.device, dirty: bool = False) -> Callable[[], No
     """A callable that evicts the cache by reading a buffer of at least 2x its size, so the cache holds
     clean lines of other data and the timed call pays for its own misses only. dirty: write the buffer
     instead (the flush before 2026-11-25), which leaves the cache full of dirty lines whose write-back the
-    next timed call pays (on the H200, 50 MB of write-back: ~8-12 µs on every cold measurement;
+    next timed call pays (on the H200 up to ~8 µs a call, less where the call evicts less than the L2 holds;
     docs/perf-notes.md, "From logits, session 10")."""
     device = torch.device(device)
     if device.type == "cuda":

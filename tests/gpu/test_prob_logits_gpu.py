@@ -290,13 +290,20 @@ def test_inversion_over_several_chunks_is_exact(dtype):
     then a column within it) where the residual spreads over 8 chunks, two live columns in each: the
     tokens' distribution is the target's (χ², test_prob_exactness's checks, p-value > 1e-3), and never a
     dead column. Must fail: the same draws read with the chunks' order shifted by one (a chunk-level
-    mistake of the inversion) fail the first-token check."""
+    mistake of the inversion, `_chunk_shifted`) fail the first-token check."""
     outputs, (target, draft) = _spread_draws(dtype)
     p, q = target.softmax(dim=1), draft.softmax(dim=1)
     assert int((outputs["output_tokens"] == 16).sum()) == 0
     pvalues = exactness_pvalues(outputs, p, q)
     assert min(pvalues.values()) > SIGNIFICANCE, pvalues
-    shifted = outputs["output_tokens"].clone()
-    live = shifted >= 0
-    shifted[live] = (shifted[live] + 2) % 16  # column 2c + j read as chunk c + 1's
-    assert exactness_pvalues({**outputs, "output_tokens": shifted}, p, q)["first_token"] < SIGNIFICANCE
+    assert exactness_pvalues({**outputs, "output_tokens": _chunk_shifted(outputs)}, p, q)["first_token"] < SIGNIFICANCE
+
+
+def _chunk_shifted(outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tokens with each drawn one (position k: a residual or bonus draw) moved to the next chunk's live
+    column (live column 2c + j to 2(c + 1) + j): the inversion picking the wrong chunk, the accepted drafts
+    left alone."""
+    tokens, k = outputs["output_tokens"].clone(), outputs["accepted_lengths"]
+    rows = torch.arange(tokens.shape[0])
+    tokens[rows, k] = (tokens[rows, k] + 2) % 16
+    return tokens

@@ -207,12 +207,18 @@ def test_gpu_view_warm_means_the_callables_own_data_in_l2():
 
 
 def test_cold_l2_is_clean():
-    """The cold flush reads a buffer, so the timed call pays for no write-back of the flush's own lines: a
-    read of one L2's worth after it is faster than after a flush that writes (the L2 left full of dirty lines,
-    whose write-back lands in the timed call: H200, 64 MB read, 21.3 against 27.1 µs)."""
+    """The cold flush evicts by reading a buffer, so the timed call pays for no write-back of the flush's own
+    lines: a read of half the L2 is slower after it than warm (it evicts), and a read of one L2's worth is
+    faster after it than after a flush that writes, which leaves the L2 full of dirty lines whose write-back
+    lands in the timed call (H200, a 64 MB bf16 read: 21.3 against 27.1 µs)."""
     l2 = torch.cuda.get_device_properties(DEVICE).L2_cache_size
-    source = torch.ones(l2 // 4, device=DEVICE)
+    half = torch.ones(l2 // 2 // 4, device=DEVICE)
+    options = timing.TimingOptions(warmup=2, iters=10, gpu_iters=10, views=("gpu",))
+    warm = timing.measure({"half": lambda: half.sum()}, DEVICE, options)["half"]["gpu"].stats.median_us
     options = timing.TimingOptions(warmup=2, iters=10, gpu_iters=10, views=("gpu",), cold_l2=True)
+    cold = timing.measure({"half": lambda: half.sum()}, DEVICE, options)["half"]["gpu"].stats.median_us
+    assert warm < 0.8 * cold, (warm, cold)
+    source = torch.ones(l2 // 4, device=DEVICE)
     clean = timing.measure({"read": lambda: source.sum()}, DEVICE, options)["read"]["gpu"].stats.median_us
     original = timing.l2_flush
     try:

@@ -86,7 +86,7 @@ def test_cold_l2_flushes_before_every_call(monkeypatch):
     assert log == ["flush", "a", "flush", "b", "flush", "b", "flush", "a", "flush", "a", "flush", "b"]
 
 
-def test_cpu_l2_flush_writes_a_large_buffer():
+def test_cpu_l2_flush_reads_a_large_buffer():
     timing.l2_flush("cpu")()  # runs; its size is a constant checked here
     assert timing.CPU_FLUSH_BYTES >= 32 * 2**20
 

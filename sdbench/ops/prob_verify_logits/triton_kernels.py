@@ -500,6 +500,13 @@ def _row_logits(target_row, draft_row, cols, vocab, has_draft, greedy_d):
 
 
 @triton.jit
+def _exponent_bias(row_max, row_sum):
+    """log2(e)·M + log2(S): 2^(z·log2(e)/T - this) = exp(z/T - M) / S. +inf for a row with S = 0 (every
+    logit -inf, or a row not read), so its terms are 2^-inf = 0, never -inf + inf = NaN."""
+    return tl.where(row_sum > 0, row_max * LOG2E + tl.log2(row_sum), float("inf"))
+
+
+@triton.jit
 def _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t, max_d, sum_d, arg_d,
                  target_scale, PRECISE_MATH: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr):
     """w = p - q from row k's raw logits at cols (`_row_logits`; q := 0 at the bonus row): positive where
@@ -509,15 +516,18 @@ def _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_
     log2(S), so a logit costs an FMA and the bare MUFU.EX2 (`_exp2`): the race reads two logits for one
     output and was issue-bound at ~18 instructions a logit (H200, bf16: 3.2 TB/s). The exponent's
     rounding is what the old z/T - M had (a relative few 1e-6 in p and q). Elementwise: a column's w is
-    the same float whatever the shape of cols. SCALED (the block rule): w = target_scale·p - q,
-    target_scale = w_τ below γ and 1 at the bonus row."""
+    the same float whatever the shape of cols (`_cdf_pick` recomputes the race's chunks: the FMAs are
+    explicit, so no call site may contract or not contract them differently). SCALED (the block rule):
+    w = target_scale·p - q, target_scale = w_τ below γ and 1 at the bonus row."""
     if FAST:
-        p = _exp2(tl.fma(z_t.to(tl.float32), inverse_t * LOG2E, -(max_t * LOG2E + tl.log2(sum_t))), NATIVE)
-        if SCALED:
-            p = target_scale * p
-        q = _exp2(tl.fma(z_d.to(tl.float32), inverse_d * LOG2E, -(max_d * LOG2E + tl.log2(sum_d))), NATIVE)
+        p = _exp2(tl.fma(z_t.to(tl.float32), inverse_t * LOG2E, -_exponent_bias(max_t, sum_t)), NATIVE)
+        q = _exp2(tl.fma(z_d.to(tl.float32), inverse_d * LOG2E, -_exponent_bias(max_d, sum_d)), NATIVE)
         # a greedy draft's q is one-hot at its argmax (its logits were not loaded: 2^-inf = 0 elsewhere)
-        return p - tl.where(cols == tl.where(greedy_d & has_draft, arg_d, -1), 1.0, q)
+        q = tl.where(cols == tl.where(greedy_d & has_draft, arg_d, -1), 1.0, q)
+        if SCALED:
+            return tl.fma(p, target_scale, -q)
+        else:
+            return p - q
     else:
         p = tl.math.div_rn(_exp(z_t.to(tl.float32) * inverse_t - max_t, PRECISE_MATH), sum_t)
         if SCALED:
