@@ -476,9 +476,17 @@ def _flag_host_state(rows: list[dict[str, Any]], lowest: dict[str, float], toler
 
 def _wall_remeasure(op, impls, device, options: timing.TimingOptions, floor: LaunchFloor, run_id: str,
                     host_tolerance: float) -> Callable[[VerifyConfig], list[dict[str, Any]]]:
-    """The second measurement of a config's wall view: measure_config itself, with the wall view alone."""
+    """The second measurement of a config's wall view: measure_config itself, with the wall view alone. Its
+    rows keep the sweep's config columns: they replace rows of the same config, and a `views=wall` in their
+    settings would have made them a second config in the results (the quick preset read back 10 configs, not 8)."""
     wall_only = dataclasses.replace(options, views=("wall",))
-    return lambda cfg: measure_config(op, cfg, impls, device, wall_only, floor, run_id, host_tolerance)
+
+    def remeasure(cfg: VerifyConfig) -> list[dict[str, Any]]:
+        rows = measure_config(op, cfg, impls, device, wall_only, floor, run_id, host_tolerance)
+        columns = config_columns(op, device, cfg, options, host_tolerance)
+        return [{**row, **columns} for row in rows]
+
+    return remeasure
 
 
 def measure_config(

@@ -519,6 +519,21 @@ def test_a_config_measured_in_a_slow_host_state_is_measured_again(tmp_path, seco
     assert summary.median_of_medians("launch_floor", "wall") == pytest.approx((20.0 + wall_floor_us) / 2)
 
 
+def test_a_wall_view_measured_again_keeps_its_configs_key(monkeypatch):
+    # The retry measures the wall view alone, yet its rows replace rows of the sweep's config: same key. (Its
+    # settings said views=wall, so the quick preset read back 10 configs instead of 8.) measure_config is
+    # replaced by one that writes the columns of the options it was given, as the real one does.
+    def measure_config(op, cfg, impls, device, options, floor, run_id, host_tolerance):
+        return [{**sweep.config_columns(op, device, cfg, options, host_tolerance), "impl": "ballot", "view": "wall"}]
+
+    monkeypatch.setattr(sweep, "measure_config", measure_config)
+    options = sweep.timing.TimingOptions(max_time_s=0.5)
+    cfg = VerifyConfig(4, 8, 0.5)
+    again = sweep._wall_remeasure("verify", [], "cuda", options, None, "r", 0.15)(cfg)
+    assert [results.config_key(row) for row in again] == [
+        results.config_key(sweep.config_columns("verify", "cuda", cfg, options, 0.15))]
+
+
 def test_a_sweep_in_one_host_state_is_left_as_measured(tmp_path):
     measured = _measured(tmp_path, [20.0, 21.5, 22.8])  # 14% apart at most
     before = [[dict(row) for row in config.rows] for config in measured]
