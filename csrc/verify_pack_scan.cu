@@ -3,8 +3,8 @@
 // docs/perf-notes.md ("Single-pass scan", then "Tiles of one wave" for the tile rule and the epoch).
 //
 // Grid: one block of kThreads = 256 threads per tile. A tile is `seqs_per_tile` consecutive sequences
-// (small slabs) or one chunk of `chunk_bytes` of one sequence (large slabs: a sequence's rows are spread
-// over several blocks), sized by tile_shape so the grid is about one wave of resident blocks, each
+// (small slabs) or one of `chunks_per_seq` chunks of one sequence (large slabs: the sequence's accepted
+// bytes are split evenly over its chunk blocks, see chunk_of_accepted), sized by tile_shape so the grid is about one wave of resident blocks, each
 // tile 8-256 KiB of worst-case KV (more waves at large work), so b=1 and b=65,536 both fill the GPU.
 // Block i handles tile i:
 //   1. reads the launch's epoch (the high word of state[0]) while its tokens load;
@@ -19,7 +19,7 @@
 //      sum up to the nearest INCLUSIVE word is this group's exclusive prefix; chunk 0 publishes
 //      INCLUSIVE. A block waits only on lower tiles, which started no later (blocks are dispatched in
 //      index order, as CUB's single-pass scan assumes);
-//   5. stores the vectors at prefix * row_bytes + (chunk) + offset; chunk 0 writes packed_offsets and,
+//   5. stores the vectors at prefix * row_bytes + (chunk's first byte) + offset; chunk 0 writes packed_offsets and,
 //      fused, the verify outputs;
 //   6. counts itself finished in the low word of state[0]; the last block writes (epoch + 1) << 32, so
 //      the next launch on the stream starts one epoch on, without a reset launch and without the host
@@ -52,6 +52,7 @@ struct ScanTiling {
   int64_t max_tile_bytes = 0;    // worst-case KV bytes of one tile, at most
   int64_t look_back_groups = 0;  // sequence groups, at most, where tiles of max_tile_bytes allow
   int64_t min_tile_bytes = 0;    // worst-case KV bytes of one tile, at least (fewer blocks for tiny work)
+  int64_t fixed_chunks = 0;      // 1: a sequence's chunks copy fixed byte ranges (the rule before the even split)
 };
 int64_t scan_state_elems() { return 1 + kScanMaxGroups; }
 int64_t scan_max_batch() { return kScanMaxBatch; }
@@ -98,9 +99,10 @@ __device__ __forceinline__ void store_relaxed(unsigned long long* address, unsig
 struct TileShape {
   int64_t batch, gamma, row_bytes;
   int64_t slab_bytes;   // gamma * row_bytes: one sequence's draft KV
-  int64_t chunk_bytes;  // bytes of a sequence one block copies (slab_bytes when chunks_per_seq == 1)
+  int64_t chunk_bytes;  // worst-case KV of one chunk (slab_bytes when chunks_per_seq == 1): sizes the grid
   int seqs_per_tile;    // > 1 only when chunks_per_seq == 1
   int chunks_per_seq;
+  bool fixed_chunks;    // chunk c copies accepted bytes [c, c + 1) * chunk_bytes, not a 1/chunks_per_seq share
 };
 
 // ---- lengths ----------------------------------------------------------------------------------------
@@ -323,6 +325,31 @@ __device__ __forceinline__ void finish_block(unsigned long long* scan_state, uns
   }
 }
 
+// The bytes [begin, begin + bytes) of a sequence's accepted KV that its chunk copies. The grid is sized on
+// worst-case KV (the lengths come after the launch), so at fixed offsets a sequence accepting 30% of its
+// slab left most of its chunk blocks idle and the first few copying whole chunks of several rounds
+// (b = 32, γ = 128, α = 0.3, kv 4096: 5 of 16 chunks copied 64 KiB each). By default the accepted bytes
+// are split evenly over as many chunks as give each at least one copy round (kThreads * kUnroll units):
+// a block loads its first round during its look-back, so more rounds cost latency and fewer bytes save
+// none, while every chunk that copies must look back (one with nothing to copy leaves before it; an even
+// split over all chunks made b = 256, γ = 32, α = 0.3, kv 1024 1.15x slower). fixed_chunks keeps the
+// fixed offsets for comparison.
+template <typename V>
+__device__ __forceinline__ void chunk_of_accepted(const TileShape& shape, int64_t chunk, int64_t accepted_bytes,
+                                                  int64_t& begin, int64_t& bytes) {
+  if (shape.fixed_chunks) {
+    begin = chunk * shape.chunk_bytes;
+    bytes = min(max(accepted_bytes - begin, int64_t{0}), shape.chunk_bytes);
+    return;
+  }
+  const int64_t units = accepted_bytes / static_cast<int64_t>(sizeof(V));  // row_bytes is a multiple of sizeof(V)
+  const int64_t share = (units + shape.chunks_per_seq - 1) / shape.chunks_per_seq;
+  const int64_t per_chunk = max((share + kThreads - 1) / kThreads * kThreads, int64_t{kThreads} * kUnroll);
+  const int64_t first = min(chunk * per_chunk, units);
+  begin = first * static_cast<int64_t>(sizeof(V));
+  bytes = (min(first + per_chunk, units) - first) * static_cast<int64_t>(sizeof(V));
+}
+
 template <typename Lengths, typename V>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     scan_pack_kernel(Lengths lengths, const char* __restrict__ draft_kv, char* __restrict__ packed_kv,
@@ -355,11 +382,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
                                               static_cast<unsigned>(tile_rows)));
   }
 
-  const int64_t source_chunk = chunk * shape.chunk_bytes;
-  const int64_t tile_bytes = shape.seqs_per_tile == 1
-                                 ? min(max(tile_rows * shape.row_bytes - source_chunk, int64_t{0}), shape.chunk_bytes)
-                                 : tile_rows * shape.row_bytes;
-  if (!publisher && tile_bytes == 0) {  // a chunk past this sequence's accepted rows
+  const int64_t accepted_bytes = tile_rows * shape.row_bytes;
+  int64_t source_chunk = 0, tile_bytes = accepted_bytes;
+  if (shape.seqs_per_tile == 1) chunk_of_accepted<V>(shape, chunk, accepted_bytes, source_chunk, tile_bytes);
+  if (!publisher && tile_bytes == 0) {  // nothing of this sequence's accepted rows is left to this chunk
     finish_block(scan_state, epoch);
     return;
   }
@@ -436,7 +462,7 @@ int multiprocessor_count() {
 
 TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, ScanTiling tiling) {
   tiling = resolved(tiling);
-  TileShape shape{batch, gamma, row_bytes, gamma * row_bytes, gamma * row_bytes, 1, 1};
+  TileShape shape{batch, gamma, row_bytes, gamma * row_bytes, gamma * row_bytes, 1, 1, tiling.fixed_chunks != 0};
   const int64_t target_blocks = int64_t{sms} * kBlocksPerSm * tiling.waves;
   const int64_t total_bytes = batch * shape.slab_bytes;
   int64_t tile_bytes = (total_bytes + target_blocks - 1) / target_blocks;
@@ -450,9 +476,14 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
     return shape;
   }
   // Round up where the cap allows (tile_bytes ~ total / target_blocks, so at most target_blocks groups),
-  // else down: a tile never exceeds max_tile_bytes unless B itself needs more sequences per group.
+  // else down: a tile never exceeds max_tile_bytes unless B itself needs more sequences per group (or the
+  // pairing of one-sequence tiles below).
   const int64_t rounded_up = (tile_bytes + shape.slab_bytes - 1) / shape.slab_bytes;
   int64_t seqs = rounded_up * shape.slab_bytes <= tiling.max_tile_bytes ? rounded_up : tile_bytes / shape.slab_bytes;
+  // One whole sequence per tile, its slab over half the cap, over more than a wave of tiles: at low acceptance
+  // such a tile copies ~2 rounds a chain (b = 16,384, γ = 128, α = 0.3, kv 1024: 731 us against 668 for the
+  // best two-step); two sequences a tile pay the chain once for both (689 us; 2009 -> 2001 us at α = 0.9).
+  if (seqs <= 1 && 2 * shape.slab_bytes > tiling.max_tile_bytes && batch > target_blocks) seqs = 2;
   const int64_t for_chain = (batch + tiling.look_back_groups - 1) / tiling.look_back_groups;
   const int64_t by_bytes = tiling.max_tile_bytes / shape.slab_bytes > 1 ? tiling.max_tile_bytes / shape.slab_bytes : 1;
   const int64_t chain_seqs = for_chain < by_bytes ? for_chain : by_bytes;

@@ -8,7 +8,9 @@ A point is batch:γ:α:kv_dim (fp16 KV, int64 tokens, binomial lengths: the scal
 variant is `fused_scan` with '+'-joined changes to its tile rule (csrc/verify_pack_scan.cu, tile_shape):
 `w<N>` (aim at N waves of resident blocks; default 1), `t<KiB>` (tiles of at most KiB of worst-case KV;
 default 256), `m<KiB>` (tiles of at least KiB, so tiny work takes few blocks; default 8), `g<N>` (at most
-N sequence groups where such tiles allow; default 4096); `default` changes nothing. Each point also
+N sequence groups where such tiles allow; default 4096), `f1` (a sequence's chunk blocks copy fixed byte
+ranges of its slab, the rule before the accepted bytes were split evenly over them); `default` changes
+nothing. Each point also
 times --peers (default: fused, ballot+pack_cuda, ballot+pack_scan) in the same rotation, so every line
 reads against the others of its run. Times: CUPTI GPU time, the median over --iters calls, per L2 state.
 """
@@ -37,8 +39,9 @@ def tiling(variant: str) -> dict[str, int]:
         if part in ("default", ""):
             continue
         kind, digits = part[0], part[1:]
-        if kind not in "wtgm" or not digits.isdigit() or not 1 <= int(digits) <= 65536:
-            raise ValueError(f"unknown variant part {part!r}: w<waves>, t<KiB>, m<KiB>, g<groups> (1..65536) "
+        bad_flag = kind == "f" and digits != "1"
+        if kind not in "wtgmf" or not digits.isdigit() or not 1 <= int(digits) <= 65536 or bad_flag:
+            raise ValueError(f"unknown variant part {part!r}: w<waves>, t<KiB>, m<KiB>, g<groups> (1..65536), f1 "
                              "or default")
         value = int(digits)
         if kind == "w":
@@ -47,6 +50,8 @@ def tiling(variant: str) -> dict[str, int]:
             changes["tile_max_bytes"] = value * 1024
         elif kind == "m":
             changes["tile_min_bytes"] = value * 1024
+        elif kind == "f":
+            changes["fixed_chunks"] = value
         else:
             changes["look_back_groups"] = value
     return changes

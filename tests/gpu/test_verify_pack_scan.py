@@ -59,6 +59,9 @@ def _cases() -> list[VerifyConfig]:
                                                                                   (1, 2, 3, 4, 7, 12)))),
         # a slab just over one tile: two chunks, the second a single row
         _cfg(4, 7, TILE_BYTES // 2048 + 1, 1.0, 1024), _cfg(5, 2, 2, 0.9, 16384 + 8),
+        # row chunks of 2-byte units (rows of 8198 bytes): the accepted bytes' even split over a sequence's
+        # chunk blocks lands mid-row
+        _cfg(6, 3, 40, 0.6, 4099),
     ]
     return cases + edges
 
@@ -141,7 +144,8 @@ def test_one_state_serves_different_grids_in_turn():
 # is cut: one-sequence tiles, row chunks, thousands of groups (long look-back walks), tiles of 1 MiB.
 TILINGS = [{}, {"tile_waves": 4}, {"tile_waves": 2, "look_back_groups": 256},
            {"tile_max_bytes": 1 << 20}, {"look_back_groups": 65536, "tile_waves": 16},
-           {"tile_max_bytes": 32 * 1024, "look_back_groups": 65536}]
+           {"tile_max_bytes": 32 * 1024, "look_back_groups": 65536},
+           {"fixed_chunks": 1}, {"fixed_chunks": 1, "tile_max_bytes": 32 * 1024}]
 TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5, kv_dim=1024, token_dtype="int32"),
                 VerifyConfig(4096, 8, 0.6, kv_dim=128), VerifyConfig(1024, 8, 0.3, kv_dim=4096),
                 VerifyConfig(65537, 3, 0.7, kv_dim=64, dist="geometric")]
@@ -176,7 +180,8 @@ def test_every_tile_rule_gives_the_reference(cfg):
 
 
 @pytest.mark.parametrize("knob, value", [("tile_waves", 2 ** 62), ("tile_waves", -1), ("tile_max_bytes", 2 ** 41),
-                                         ("tile_min_bytes", -5), ("look_back_groups", 65537)])
+                                         ("tile_min_bytes", -5), ("look_back_groups", 65537),
+                                         ("fixed_chunks", 2)])
 def test_tile_knobs_out_of_range_are_a_clear_error(knob, value):
     from sdbench.ops.backends import cuda_ops
     from sdbench.ops.pack.cuda_impls import pack_outputs
