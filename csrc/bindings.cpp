@@ -336,7 +336,7 @@ void fused_scan_op(const at::Tensor& draft_tokens, const at::Tensor& target_toke
                    at::Tensor& accepted_lengths, at::Tensor& has_mismatch, at::Tensor& next_tokens,
                    at::Tensor& packed_kv, at::Tensor& packed_offsets, at::Tensor& scan_state, int64_t tile_waves,
                    int64_t tile_max_bytes, int64_t look_back_groups, int64_t tile_min_bytes,
-                  int64_t fixed_chunks) {
+                   int64_t fixed_chunks) {
   const auto [batch, gamma] = check_tokens(draft_tokens, target_tokens);
   check_output(accepted_lengths, "accepted_lengths", at::kLong, {batch}, draft_tokens.device());
   check_output(has_mismatch, "has_mismatch", at::kBool, {batch}, draft_tokens.device());

@@ -4,8 +4,9 @@
 //
 // Grid: one block of kThreads = 256 threads per tile. A tile is `seqs_per_tile` consecutive sequences
 // (small slabs) or one of `chunks_per_seq` chunks of one sequence (large slabs: the sequence's accepted
-// bytes are split evenly over its chunk blocks, see chunk_of_accepted), sized by tile_shape so the grid is about one wave of resident blocks, each
-// tile 8-256 KiB of worst-case KV (more waves at large work), so b=1 and b=65,536 both fill the GPU.
+// bytes are split evenly over its chunk blocks, at least one copy round each, see chunk_of_accepted), sized
+// by tile_shape so the grid is about one wave of resident blocks, each tile 8-256 KiB of worst-case KV (more
+// waves at large work), so b=1 and b=65,536 both fill the GPU.
 // Block i handles tile i:
 //   1. reads the launch's epoch (the high word of state[0]) while its tokens load;
 //   2. finds its sequences' accepted lengths (fused: warp ballots, ceil-pow2(γ) lanes per sequence for
@@ -468,7 +469,8 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   int64_t tile_bytes = (total_bytes + target_blocks - 1) / target_blocks;
   tile_bytes = tile_bytes > tiling.min_tile_bytes ? tile_bytes : tiling.min_tile_bytes;
   tile_bytes = tile_bytes < tiling.max_tile_bytes ? tile_bytes : tiling.max_tile_bytes;
-  // chunks are whole copy rounds (multiples of kTileBytes, so of 16 bytes: every chunk starts co-aligned)
+  // worst-case chunks are whole copy rounds (multiples of kTileBytes): they size the grid, and fixed_chunks'
+  // ranges start co-aligned; the default split starts chunks at multiples of kThreads units, aligned too
   const int64_t chunk_bytes = tile_bytes <= kTileBytes ? kTileBytes : (tile_bytes + kTileBytes - 1) / kTileBytes * kTileBytes;
   if (batch <= kScanMaxGroups && shape.slab_bytes > chunk_bytes) {
     shape.chunk_bytes = chunk_bytes;
@@ -480,10 +482,11 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   // pairing of one-sequence tiles below).
   const int64_t rounded_up = (tile_bytes + shape.slab_bytes - 1) / shape.slab_bytes;
   int64_t seqs = rounded_up * shape.slab_bytes <= tiling.max_tile_bytes ? rounded_up : tile_bytes / shape.slab_bytes;
-  // One whole sequence per tile, its slab over half the cap, over more than a wave of tiles: at low acceptance
-  // such a tile copies ~2 rounds a chain (b = 16,384, γ = 128, α = 0.3, kv 1024: 731 us against 668 for the
-  // best two-step); two sequences a tile pay the chain once for both (689 us; 2009 -> 2001 us at α = 0.9).
-  if (seqs <= 1 && 2 * shape.slab_bytes > tiling.max_tile_bytes && batch > target_blocks) seqs = 2;
+  // One whole sequence per tile, its slab over half the cap, where pairs still fill nine tenths of a wave: at
+  // low acceptance such a tile copies ~2 rounds a chain (b = 16,384, γ = 128, α = 0.3, kv 1024: 731 us
+  // against 668 for the best two-step); two sequences a tile pay the chain once for both (689 us; 2009 ->
+  // 2001 us at α = 0.9). Measured from b = 1024 up (0.97 waves of pairs); fewer pairs would idle SMs.
+  if (seqs <= 1 && 2 * shape.slab_bytes > tiling.max_tile_bytes && 5 * batch >= 9 * target_blocks) seqs = 2;
   const int64_t for_chain = (batch + tiling.look_back_groups - 1) / tiling.look_back_groups;
   const int64_t by_bytes = tiling.max_tile_bytes / shape.slab_bytes > 1 ? tiling.max_tile_bytes / shape.slab_bytes : 1;
   const int64_t chain_seqs = for_chain < by_bytes ? for_chain : by_bytes;
