@@ -10,9 +10,9 @@ variant is `fused_scan` with '+'-joined changes to its tile rule (csrc/verify_pa
 default 256), `m<KiB>` (tiles of at least KiB, so tiny work takes few blocks; default 8), `g<N>` (at most
 N sequence groups where such tiles allow; default 4096), `f1` (a sequence's chunk blocks copy fixed byte
 ranges of its slab, the rule before the accepted bytes were split evenly over them); `default` changes
-nothing. Each point also
-times --peers (default: fused, ballot+pack_cuda, ballot+pack_scan) in the same rotation, so every line
-reads against the others of its run. Times: CUPTI GPU time, the median over --iters calls, per L2 state.
+nothing. Each point also times --peers (default: fused, ballot+pack_cuda, ballot+pack_scan) and the launch
+floor (an empty kernel) in the same rotation, so every line reads against the others of its run. Times:
+CUPTI GPU time, the median over --iters calls, per L2 state.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from sdbench import registry
 from sdbench.measure import timing
 from sdbench.ops import make_workload
+from sdbench.ops.launch_floor import launch_floor
 from sdbench.ops.verify_pack.reference import verify_pack
 from sdbench.ops.verify_pack.scan_impls import prepare_fused_scan
 from sdbench.ops.workload import VerifyConfig
@@ -77,10 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     variants = args.variants.split(",")
     changes = {variant: tiling(variant) for variant in variants}  # bad variants fail before any GPU work
     peers = [registry.get("verify_pack", name) for name in args.peers.split(",") if name]
+    floor = launch_floor("cuda")  # an empty kernel, timed in every rotation: the floor of the same run
     rows = []
     for cfg in parse_points(args.points):
         workload = make_workload("verify_pack", cfg, "cuda")
         runs = {peer.name: peer.prepare(workload) for peer in peers}
+        if floor.run is not None:
+            runs["launch floor"] = floor.run
         expected = verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv)  # the reference
         total = int(expected["accepted_lengths"].sum())
         for variant in variants:
