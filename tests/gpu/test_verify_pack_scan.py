@@ -148,7 +148,10 @@ TILINGS = [{}, {"tile_waves": 4}, {"tile_waves": 2, "look_back_groups": 256},
            {"fixed_chunks": 1}, {"fixed_chunks": 1, "tile_max_bytes": 32 * 1024}]
 TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5, kv_dim=1024, token_dtype="int32"),
                 VerifyConfig(4096, 8, 0.6, kv_dim=128), VerifyConfig(1024, 8, 0.3, kv_dim=4096),
-                VerifyConfig(65537, 3, 0.7, kv_dim=64, dist="geometric")]
+                VerifyConfig(65537, 3, 0.7, kv_dim=64, dist="geometric"),
+                # slabs of two copy rounds, one block each from b = SMs (132 on an H200) up; chunked below
+                VerifyConfig(256, 8, 0.3, kv_dim=4096), VerifyConfig(132, 32, 0.9, kv_dim=1024),
+                VerifyConfig(131, 32, 0.9, kv_dim=1024)]
 
 
 @pytest.mark.parametrize("cfg", TILING_CASES, ids=_case_id)
