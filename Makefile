@@ -6,7 +6,7 @@ PIP := $(PYTHON) -m pip
 CPU_TORCH ?= torch==2.13.0
 STAMP := .make-installed
 
-.PHONY: install run test gpu-test lint clean
+.PHONY: install run test gpu-test lint clean scan-timeline
 
 install: $(STAMP)
 
@@ -43,6 +43,14 @@ test: install
 
 gpu-test: install
 	$(PYTHON) -m pytest -q -m gpu tests
+
+# Where a block of the single-pass verify-and-pack kernel spends its time (nvcc only; see the file's header).
+NVCC ?= nvcc
+NVCC_ARCH ?= sm_90
+scan-timeline: build/scan_timeline
+build/scan_timeline: csrc/tools/scan_timeline.cu csrc/verify_pack_scan.cu csrc/common.cuh
+	@mkdir -p build
+	$(NVCC) -O3 -std=c++17 -arch=$(NVCC_ARCH) -I csrc $< -o $@
 
 lint: install
 	$(PYTHON) -m ruff check sdbench tests

@@ -222,6 +222,42 @@ __device__ void block_inclusive_scan(int* data, int count, int* s_warp_totals) {
   __syncthreads();
 }
 
+// ---- timeline (SDBENCH_SCAN_TIMELINE builds only) ---------------------------------------------------
+// csrc/tools/scan_timeline.cu builds this file with SDBENCH_SCAN_TIMELINE to see where a block's time goes;
+// the extension never does (every helper below is empty there). Thread 0 of each of the first
+// kTimelineBlocks blocks records, per block: [0, 4) the SM clock at kernel entry, at its verdict, after its
+// look-back and after its last store is issued; 4 its SM; 5 and 6 the global timer (ns) at the first and
+// last marks (it aligns blocks; the SM clock times the phases); 7 the SM clock when the look-back's first
+// window was all published; 8 the block's polls that found a word not yet published; 9 the SM clock when
+// the look-back started.
+#ifdef SDBENCH_SCAN_TIMELINE
+constexpr int kTimelineBlocks = 1 << 16, kTimelineSlots = 10;
+__device__ unsigned long long g_scan_timeline[kTimelineBlocks * kTimelineSlots];
+__device__ __forceinline__ void timeline_clock(int slot) {
+  if (threadIdx.x == 0 && blockIdx.x < kTimelineBlocks) g_scan_timeline[blockIdx.x * kTimelineSlots + slot] = clock64();
+}
+__device__ __forceinline__ void timeline_mark(int mark) {
+  timeline_clock(mark);
+  if (threadIdx.x == 0 && blockIdx.x < kTimelineBlocks && (mark == 0 || mark == 3)) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    g_scan_timeline[blockIdx.x * kTimelineSlots + (mark == 0 ? 5 : 6)] = now;
+    if (mark == 0) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      g_scan_timeline[blockIdx.x * kTimelineSlots + 4] = sm;
+    }
+  }
+}
+__device__ __forceinline__ void timeline_poll() {
+  if (blockIdx.x < kTimelineBlocks) atomicAdd(g_scan_timeline + blockIdx.x * kTimelineSlots + 8, 1ull);
+}
+#else
+__device__ __forceinline__ void timeline_clock(int) {}
+__device__ __forceinline__ void timeline_mark(int) {}
+__device__ __forceinline__ void timeline_poll() {}
+#endif
+
 // ---- look-back ----------------------------------------------------------------------------------------
 // The whole block looks back, kThreads status words a step: thread i reads group - 1 - i - kThreads*j;
 // the sum up to the nearest INCLUSIVE word (groups before 0 count as an INCLUSIVE zero) is the group's
@@ -238,6 +274,7 @@ struct LookBackScratch {
 __device__ int64_t look_back(const unsigned long long* status, int64_t group, unsigned epoch, LookBackScratch& s) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int64_t prefix = 0;
+  timeline_clock(9);
   for (int64_t newest = group - 1;; newest -= kThreads) {
     const int64_t other = newest - static_cast<int64_t>(threadIdx.x);
     unsigned long long word = 0;
@@ -245,6 +282,7 @@ __device__ int64_t look_back(const unsigned long long* status, int64_t group, un
       for (;;) {
         word = load_relaxed(status + other);
         if (status_flag(word) != 0u && status_epoch(word) == (epoch & kEpochMask)) break;
+        timeline_poll();
         __nanosleep(32);
       }
     }
@@ -256,6 +294,7 @@ __device__ int64_t look_back(const unsigned long long* status, int64_t group, un
     int nearest = kThreads;  // the nearest INCLUSIVE word's thread (kThreads: none in this window)
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) nearest = min(nearest, s.first_inclusive[w]);
+    if (newest == group - 1) timeline_clock(7);
     if (static_cast<int>(threadIdx.x) > nearest) value = 0;
 #pragma unroll
     for (int delta = 16; delta > 0; delta >>= 1) value += __shfl_xor_sync(kFullMask, value, delta);
@@ -373,8 +412,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const bool publisher = chunk == 0;
   unsigned long long* status = scan_state + 1;
 
+  timeline_mark(0);
   lengths.fill(s_row_end, first_seq, count, gamma, publisher && writes_verdict);
   __syncthreads();
+  timeline_mark(1);
   const unsigned epoch = s_epoch;
   block_inclusive_scan(s_row_end, count, s_warp_totals);
   const int64_t tile_rows = s_row_end[count - 1];
@@ -397,6 +438,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   copy.load(word, 0);  // in flight during the look-back
 
   const int64_t prefix = group == 0 ? 0 : look_back(status, group, epoch, s_look_back);
+  timeline_mark(2);
   if (publisher && group != 0 && threadIdx.x == 0) {
     store_relaxed(status + group, pack_status(epoch, kInclusive, static_cast<unsigned>(prefix + tile_rows)));
   }
@@ -411,6 +453,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     copy.load(word, base);
     copy.store(word, base, destination);
   }
+  timeline_mark(3);
   finish_block(scan_state, epoch);
 }
 

@@ -35,3 +35,13 @@ def test_no_kernel_spills_registers(compiled):
 def test_every_source_defines_a_kernel(compiled):
     for result in compiled:
         assert ext.parse_ptxas(result.output, result.source), f"{result.source} defines no kernel"
+
+
+def test_the_scan_timeline_tool_compiles():
+    """csrc/tools/scan_timeline.cu builds verify_pack_scan.cu with its timeline marks (`make scan-timeline`,
+    docs/perf-notes.md, session 13): it must keep compiling, without spills, as the kernel changes."""
+    [result] = ext.compile_sources("sm_90", paths=[ext.CSRC_DIR / "tools" / "scan_timeline.cu"])
+    assert result.returncode == 0, ext.trim_build_error(result.output)
+    kernels = ext.parse_ptxas(result.output, result.source)
+    assert any("scan_pack_kernel" in k["kernel"] for k in kernels), [k["kernel"] for k in kernels]
+    assert not [k for k in kernels if k["spill_store_bytes"] or k["spill_load_bytes"]]
