@@ -97,6 +97,23 @@ __device__ __forceinline__ void store_relaxed(unsigned long long* address, unsig
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
 }
 
+// floor(n / d) for 0 <= n < 2^31 as (n * magic) >> bits (Granlund and Montgomery 1994, theorem 4.2 with
+// N = 31: magic = ceil(2^(31 + l) / d), l = ceil(log2 d), which is below 2^32 for every d < 2^32).
+struct RowDivider {
+  unsigned magic;
+  int bits;
+  static RowDivider of(int64_t d) {  // host; d >= 1
+    int l = 0;
+    while ((int64_t{1} << l) < d) ++l;
+    if (l > 31) return RowDivider{0u, 0};  // never used: the table needs fewer than 2^31 units
+    const unsigned long long top = 1ull << (31 + l);
+    return RowDivider{static_cast<unsigned>((top + static_cast<unsigned long long>(d) - 1) / d), 31 + l};
+  }
+  __device__ __forceinline__ unsigned operator()(unsigned n) const {
+    return static_cast<unsigned>((static_cast<unsigned long long>(n) * magic) >> bits);
+  }
+};
+
 struct TileShape {
   int64_t batch, gamma, row_bytes;
   int64_t slab_bytes;   // gamma * row_bytes: one sequence's draft KV
@@ -104,6 +121,7 @@ struct TileShape {
   int seqs_per_tile;    // > 1 only when chunks_per_seq == 1
   int chunks_per_seq;
   bool fixed_chunks;    // chunk c copies accepted bytes [c, c + 1) * chunk_bytes, not a 1/chunks_per_seq share
+  RowDivider row_of;    // a destination unit's row: unit / (row_bytes / sizeof(V)), set at launch (ShiftTable)
 };
 
 // ---- lengths ----------------------------------------------------------------------------------------
@@ -308,46 +326,111 @@ __device__ int64_t look_back(const unsigned long long* status, int64_t group, un
 }
 
 // ---- the copy -----------------------------------------------------------------------------------------
-// The block's bytes are one flat run [0, tile_bytes): a chunk of one sequence (seqs_per_tile == 1), or
-// the accepted rows of its sequences back to back (chunks_per_seq == 1), whose destination is then
-// contiguous. Unit u's sequence is found by binary search over the scanned row ends in shared memory.
-template <typename V>
-struct TileCopy {
-  const char* draft_kv;
-  char* packed_kv;
-  const int* s_row_end;  // inclusive row ends of the tile's sequences
-  int64_t first_seq, source_chunk, tile_units;
-  int count;
-  int64_t slab_bytes, row_bytes;
+// The block's bytes are one flat run of units [0, tile_units) (units: V, 16 bytes where alignment allows)
+// whose destination is contiguous: a chunk of one sequence (seqs_per_tile == 1), or the accepted rows of its
+// sequences back to back. Counted from the tile's first source unit (first_seq's slab, plus the chunk's first
+// byte), a unit's source is
+//     unit + shift(r) * row_units,    r = the unit's row in the destination,
+// with shift(r) = s * gamma - (rows accepted before s in the tile), s the sequence whose row r is: constant over a
+// sequence's rows. A unit finds it one of four ways (a Source below), chosen per block:
+//   - OneSequence (chunks, one-sequence tiles): shift 0, the source is the unit;
+//   - SearchRowEnds (2-4 sequences): a binary search of one or two steps over the scanned row ends, 32-bit;
+//   - ShiftTable (more sequences, up to kShiftRows accepted rows): shift per row in shared memory, filled after the
+//     scan, and the row by one multiply-high (RowDivider): a dozen instructions a unit;
+//   - SearchUnitEnds (more rows, or 2^31 units or more): a binary search per unit over the sequences' unit ends.
+// Until session 14 every multi-sequence tile searched, in 64-bit byte arithmetic: ~60 SASS instructions a unit,
+// issued by 32 warps an SM in step, 1-1.5 us of a 5-8 MB launch between the verdict and the look-back
+// (docs/perf-notes.md, sessions 13 and 14). One-sequence tiles never entered that search, but its code beside
+// their loads cost them too: 32:8:0.3:4096 (chunks of one sequence) 4.5 -> 4.1 us warm with a path of their own.
+constexpr int kShiftRows = 2048;  // 8 KiB of shared memory: tiles of up to 256 KiB of 128-byte rows
+static_assert(kShiftRows * sizeof(int) >= kScanMaxTileSeqs * sizeof(int64_t), "the search's unit ends fit the table");
+constexpr int kSearchMaxSeqs = 4;  // tiles of 2-4 sequences search: 1-2 steps, cheaper than filling the table
 
-  __device__ __forceinline__ int64_t source_of(int64_t byte) const {
-    int left = 0;
-    if (count > 1) {
-      int right = count - 1;
-      while (left < right) {
-        const int mid = (left + right) / 2;
-        if (static_cast<int64_t>(s_row_end[mid]) * row_bytes > byte) right = mid; else left = mid + 1;
-      }
-    }
-    const int64_t seq_begin = left == 0 ? 0 : static_cast<int64_t>(s_row_end[left - 1]) * row_bytes;
-    return (first_seq + left) * slab_bytes + source_chunk + (byte - seq_begin);
+struct OneSequence {
+  __device__ __forceinline__ int64_t operator()(int64_t unit) const { return unit; }
+};
+
+struct ShiftTable {  // for tiles of fewer than 2^31 units, so 32-bit row arithmetic
+  const int* s_shift;  // [accepted rows of the tile]: source row - destination row
+  RowDivider row_of;
+  int row_units;
+  __device__ __forceinline__ int64_t operator()(int64_t unit) const {
+    return unit + static_cast<int64_t>(s_shift[row_of(static_cast<unsigned>(unit))]) * row_units;
   }
+};
+
+struct SearchRowEnds {  // for tiles of fewer than 2^31 units, so 32-bit unit arithmetic
+  const int* s_row_end;  // inclusive row ends of the tile's sequences
+  int count, row_units;
+  int64_t slab_units;
+  __device__ __forceinline__ int64_t operator()(int64_t unit) const {
+    const int unit32 = static_cast<int>(unit);
+    int left = 0, right = count - 1;
+    while (left < right) {
+      const int mid = (left + right) / 2;
+      if (s_row_end[mid] * row_units > unit32) right = mid; else left = mid + 1;
+    }
+    return left * slab_units + (unit32 - (left == 0 ? 0 : s_row_end[left - 1] * row_units));
+  }
+};
+
+struct SearchUnitEnds {
+  const int64_t* s_unit_end;  // the tile's sequences' accepted units, inclusive ends (fill_unit_ends)
+  int count;
+  int64_t slab_units;
+  __device__ __forceinline__ int64_t operator()(int64_t unit) const {
+    int left = 0, right = count - 1;
+    while (left < right) {
+      const int mid = (left + right) / 2;
+      if (s_unit_end[mid] > unit) right = mid; else left = mid + 1;
+    }
+    return left * slab_units + (unit - (left == 0 ? 0 : s_unit_end[left - 1]));
+  }
+};
+
+// shift(r) for every accepted row of the tile: ceil-pow2(gamma) threads (at most a warp) per sequence, so
+// gamma = 4 fills 64 sequences a step. Few instructions on purpose: 32 warps an SM issue them in step, and the
+// first version (runtime divisions by the width) cost 0.3-0.5 us at b = 1024 (session 14). Ends with a barrier.
+__device__ __forceinline__ void fill_shift_table(int* s_shift, const int* s_row_end, int count, int gamma) {
+  const int log_width = gamma >= 32 ? 5 : 32 - __clz(gamma - 1);  // 0 for gamma = 1
+  const int width = 1 << log_width;
+  for (int local = threadIdx.x >> log_width; local < count; local += kThreads >> log_width) {
+    const int begin = local == 0 ? 0 : s_row_end[local - 1], end = s_row_end[local];
+    const int shift = local * gamma - begin;
+    for (int row = begin + (threadIdx.x & (width - 1)); row < end; row += width) s_shift[row] = shift;
+  }
+  __syncthreads();
+}
+
+// The search's unit ends, in the shift table's shared memory (kShiftRows ints hold kScanMaxTileSeqs int64s).
+// Ends with a barrier.
+__device__ __forceinline__ void fill_unit_ends(int64_t* s_unit_end, const int* s_row_end, int count, int64_t row_units) {
+  for (int local = threadIdx.x; local < count; local += kThreads) {
+    s_unit_end[local] = static_cast<int64_t>(s_row_end[local]) * row_units;
+  }
+  __syncthreads();
+}
+
+template <typename V, typename Source>
+struct TileCopy {
+  const V* source;  // the tile's first source unit
+  V* packed;        // the tile's first destination unit, once the prefix is known
+  Source source_of;
+  int64_t tile_units;
 
   __device__ __forceinline__ void load(V (&word)[kUnroll], int64_t base) const {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t unit = base + u * kThreads + threadIdx.x;
-      if (unit < tile_units) {
-        word[u] = __ldg(reinterpret_cast<const V*>(draft_kv + source_of(unit * int64_t{sizeof(V)})));
-      }
+      if (unit < tile_units) word[u] = __ldg(source + source_of(unit));
     }
   }
 
-  __device__ __forceinline__ void store(const V (&word)[kUnroll], int64_t base, int64_t destination) const {
+  __device__ __forceinline__ void store(const V (&word)[kUnroll], int64_t base) const {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t unit = base + u * kThreads + threadIdx.x;
-      if (unit < tile_units) *reinterpret_cast<V*>(packed_kv + destination + unit * int64_t{sizeof(V)}) = word[u];
+      if (unit < tile_units) packed[unit] = word[u];
     }
   }
 };
@@ -396,6 +479,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
                      int64_t* __restrict__ packed_offsets, unsigned long long* scan_state, TileShape shape,
                      bool writes_verdict) {
   __shared__ int s_row_end[kScanMaxTileSeqs];
+  __shared__ __align__(8) int s_shift[kShiftRows];  // or kScanMaxTileSeqs int64 unit ends (SearchUnitEnds)
   __shared__ int s_warp_totals[kWarps];
   __shared__ unsigned s_epoch;
   __shared__ LookBackScratch s_look_back;
@@ -432,26 +516,44 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     return;
   }
 
-  const TileCopy<V> copy{draft_kv, packed_kv, s_row_end, first_seq, source_chunk,
-                         tile_bytes / static_cast<int64_t>(sizeof(V)), count, shape.slab_bytes, shape.row_bytes};
-  V word[kUnroll];
-  copy.load(word, 0);  // in flight during the look-back
+  const int64_t unit_bytes = sizeof(V);  // row_bytes, slab_bytes and chunk starts are multiples of it
+  const int64_t tile_units = tile_bytes / unit_bytes, row_units = shape.row_bytes / unit_bytes;
+  const V* source = reinterpret_cast<const V*>(draft_kv + first_seq * shape.slab_bytes + source_chunk);
+  // From the first load to the last store, for one way of finding a unit's source (chosen per block below).
+  auto copy_tile = [&](auto source_of) {
+    TileCopy<V, decltype(source_of)> copy{source, nullptr, source_of, tile_units};
+    V word[kUnroll];
+    copy.load(word, 0);  // in flight during the look-back
 
-  const int64_t prefix = group == 0 ? 0 : look_back(status, group, epoch, s_look_back);
-  timeline_mark(2);
-  if (publisher && group != 0 && threadIdx.x == 0) {
-    store_relaxed(status + group, pack_status(epoch, kInclusive, static_cast<unsigned>(prefix + tile_rows)));
-  }
-  if (publisher) {
-    for (int local = threadIdx.x; local < count; local += kThreads) {
-      packed_offsets[first_seq + local] = prefix + (local == 0 ? 0 : s_row_end[local - 1]);
+    const int64_t prefix = group == 0 ? 0 : look_back(status, group, epoch, s_look_back);
+    timeline_mark(2);
+    if (publisher && group != 0 && threadIdx.x == 0) {
+      store_relaxed(status + group, pack_status(epoch, kInclusive, static_cast<unsigned>(prefix + tile_rows)));
     }
-  }
-  const int64_t destination = prefix * shape.row_bytes + source_chunk;
-  copy.store(word, 0, destination);
-  for (int64_t base = kThreads * kUnroll; base < copy.tile_units; base += kThreads * kUnroll) {
-    copy.load(word, base);
-    copy.store(word, base, destination);
+    if (publisher) {
+      for (int local = threadIdx.x; local < count; local += kThreads) {
+        packed_offsets[first_seq + local] = prefix + (local == 0 ? 0 : s_row_end[local - 1]);
+      }
+    }
+    copy.packed = reinterpret_cast<V*>(packed_kv + prefix * shape.row_bytes + source_chunk);
+    copy.store(word, 0);
+    for (int64_t base = kThreads * kUnroll; base < tile_units; base += kThreads * kUnroll) {
+      copy.load(word, base);
+      copy.store(word, base);
+    }
+  };
+  const bool units32 = tile_units < (int64_t{1} << 31);  // 32-bit row and unit arithmetic
+  if (count == 1) {
+    copy_tile(OneSequence{});
+  } else if (units32 && count <= kSearchMaxSeqs) {
+    copy_tile(SearchRowEnds{s_row_end, count, static_cast<int>(row_units), shape.slab_bytes / unit_bytes});
+  } else if (units32 && tile_rows <= kShiftRows) {
+    fill_shift_table(s_shift, s_row_end, count, gamma);
+    copy_tile(ShiftTable{s_shift, shape.row_of, static_cast<int>(row_units)});
+  } else {
+    int64_t* s_unit_end = reinterpret_cast<int64_t*>(s_shift);
+    fill_unit_ends(s_unit_end, s_row_end, count, row_units);
+    copy_tile(SearchUnitEnds{s_unit_end, count, shape.slab_bytes / unit_bytes});
   }
   timeline_mark(3);
   finish_block(scan_state, epoch);
@@ -559,9 +661,11 @@ cudaError_t launch_with(const Lengths& lengths, const void* draft_kv, void* pack
   const int64_t groups = (shape.batch + shape.seqs_per_tile - 1) / shape.seqs_per_tile;
   const int64_t grid = groups * shape.chunks_per_seq;
   if (groups > kScanMaxGroups || grid > 0x7fffffff) return cudaErrorInvalidValue;
+  TileShape with_rows = shape;
+  with_rows.row_of = RowDivider::of(shape.row_bytes / static_cast<int64_t>(sizeof(V)));
   scan_pack_kernel<Lengths, V><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
       lengths, static_cast<const char*>(draft_kv), static_cast<char*>(packed_kv), packed_offsets,
-      reinterpret_cast<unsigned long long*>(scan_state), shape, writes_verdict);
+      reinterpret_cast<unsigned long long*>(scan_state), with_rows, writes_verdict);
   return cudaGetLastError();
 }
 

@@ -39,9 +39,13 @@ def test_every_source_defines_a_kernel(compiled):
 
 def test_the_scan_timeline_tool_compiles():
     """csrc/tools/scan_timeline.cu builds verify_pack_scan.cu with its timeline marks (`make scan-timeline`,
-    docs/perf-notes.md, session 13): it must keep compiling, without spills, as the kernel changes."""
+    docs/perf-notes.md, session 13): it must keep compiling as the kernel changes. The marks take registers: since
+    session 14's four ways of finding a unit's source, the kernel the tool times (fused, int64 tokens, 16-byte
+    units) spills 12 bytes (20 loaded back) and pack_scan's (built, never timed) 24; the extension's build spills
+    none (the test above). More than 32 bytes in a timed kernel would skew the timeline more than a few loads."""
     [result] = ext.compile_sources("sm_90", paths=[ext.CSRC_DIR / "tools" / "scan_timeline.cu"])
     assert result.returncode == 0, ext.trim_build_error(result.output)
     kernels = ext.parse_ptxas(result.output, result.source)
-    assert any("scan_pack_kernel" in k["kernel"] for k in kernels), [k["kernel"] for k in kernels]
-    assert not [k for k in kernels if k["spill_store_bytes"] or k["spill_load_bytes"]]
+    timed = [k for k in kernels if "scan_pack_kernel" in k["kernel"] and "VerifiedLengths" in k["kernel"]]
+    assert timed, [k["kernel"] for k in kernels]
+    assert not [k for k in timed if k["spill_store_bytes"] > 32 or k["spill_load_bytes"] > 32 or k["stack_bytes"] > 32]

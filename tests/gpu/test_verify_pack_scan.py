@@ -145,13 +145,18 @@ def test_one_state_serves_different_grids_in_turn():
 TILINGS = [{}, {"tile_waves": 4}, {"tile_waves": 2, "look_back_groups": 256},
            {"tile_max_bytes": 1 << 20}, {"look_back_groups": 65536, "tile_waves": 16},
            {"tile_max_bytes": 32 * 1024, "look_back_groups": 65536},
-           {"fixed_chunks": 1}, {"fixed_chunks": 1, "tile_max_bytes": 32 * 1024}]
+           {"fixed_chunks": 1}, {"fixed_chunks": 1, "tile_max_bytes": 32 * 1024},
+           # tiles of 1 MiB: more accepted rows than the kernel's shift table holds (kShiftRows = 2048), so a
+           # unit's source is found by the binary search over the row ends
+           {"tile_min_bytes": 1 << 20, "tile_max_bytes": 1 << 20}]
 TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5, kv_dim=1024, token_dtype="int32"),
                 VerifyConfig(4096, 8, 0.6, kv_dim=128), VerifyConfig(1024, 8, 0.3, kv_dim=4096),
                 VerifyConfig(65537, 3, 0.7, kv_dim=64, dist="geometric"),
                 # slabs of two copy rounds, one block each from b = SMs (132 on an H200) up; chunked below
                 VerifyConfig(256, 8, 0.3, kv_dim=4096), VerifyConfig(132, 32, 0.9, kv_dim=1024),
-                VerifyConfig(131, 32, 0.9, kv_dim=1024)]
+                VerifyConfig(131, 32, 0.9, kv_dim=1024),
+                # 1,024 slabs of 1 KiB a tile at 1 MiB tiles, ~7 of 8 rows accepted: ~7,000 rows, past the shift table
+                VerifyConfig(4096, 8, 0.9, kv_dim=64)]
 
 
 @pytest.mark.parametrize("cfg", TILING_CASES, ids=_case_id)
