@@ -27,7 +27,8 @@
 //      (CUDA-graph replays advance it on the device).
 // Status words are one 64-bit value each (epoch:30 | flag:2 | value:32), read and written with
 // relaxed 64-bit accesses, so no fence orders them against other data.
-// Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints) + ~140 bytes; registers: see tests/test_csrc_compile.py.
+// Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints), 8 KiB of the copy's shift table (kShiftRows ints) + ~140
+// bytes; registers: see tests/test_csrc_compile.py.
 //
 // The state (scan_state_elems() = 1 + kScanMaxGroups int64) is zeroed once by its owner and then reused by every launch in
 // stream order; two launches that may overlap (different streams, parallel graph branches) need two

@@ -147,8 +147,10 @@ TILINGS = [{}, {"tile_waves": 4}, {"tile_waves": 2, "look_back_groups": 256},
            {"tile_max_bytes": 32 * 1024, "look_back_groups": 65536},
            {"fixed_chunks": 1}, {"fixed_chunks": 1, "tile_max_bytes": 32 * 1024},
            # tiles of 1 MiB: more accepted rows than the kernel's shift table holds (kShiftRows = 2048), so a
-           # unit's source is found by the binary search over the row ends
-           {"tile_min_bytes": 1 << 20, "tile_max_bytes": 1 << 20}]
+           # unit's source is found by the binary search over the sequences' unit ends (SearchUnitEnds); tiles of
+           # 256 KiB: exactly 2048 rows below (the table's last row)
+           {"tile_min_bytes": 1 << 20, "tile_max_bytes": 1 << 20},
+           {"tile_min_bytes": 256 << 10, "tile_max_bytes": 256 << 10}]
 TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5, kv_dim=1024, token_dtype="int32"),
                 VerifyConfig(4096, 8, 0.6, kv_dim=128), VerifyConfig(1024, 8, 0.3, kv_dim=4096),
                 VerifyConfig(65537, 3, 0.7, kv_dim=64, dist="geometric"),
@@ -156,7 +158,9 @@ TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5
                 VerifyConfig(256, 8, 0.3, kv_dim=4096), VerifyConfig(132, 32, 0.9, kv_dim=1024),
                 VerifyConfig(131, 32, 0.9, kv_dim=1024),
                 # 1,024 slabs of 1 KiB a tile at 1 MiB tiles, ~7 of 8 rows accepted: ~7,000 rows, past the shift table
-                VerifyConfig(4096, 8, 0.9, kv_dim=64)]
+                VerifyConfig(4096, 8, 0.9, kv_dim=64),
+                # every row accepted: 256 slabs of 1 KiB a tile at 256 KiB tiles fill the shift table to its last row
+                VerifyConfig(1024, 8, 0.5, kv_dim=64, dist="fixed", fixed_length=8)]
 
 
 @pytest.mark.parametrize("cfg", TILING_CASES, ids=_case_id)
