@@ -42,10 +42,11 @@ def test_the_scan_timeline_tool_compiles():
     docs/perf-notes.md, session 13): it must keep compiling as the kernel changes. The marks take registers: since
     session 14's four ways of finding a unit's source, the kernel the tool times (fused, int64 tokens, 16-byte
     units) spills 12 bytes (20 loaded back) and pack_scan's (built, never timed) 24; the extension's build spills
-    none (the test above). More than 32 bytes in a timed kernel would skew the timeline more than a few loads."""
+    none (the test above). No arrangement of the marks tried removed it without changing the shipped kernel, so
+    the bound is exactly today's spill: any growth fails."""
     [result] = ext.compile_sources("sm_90", paths=[ext.CSRC_DIR / "tools" / "scan_timeline.cu"])
     assert result.returncode == 0, ext.trim_build_error(result.output)
     kernels = ext.parse_ptxas(result.output, result.source)
     timed = [k for k in kernels if "scan_pack_kernel" in k["kernel"] and "VerifiedLengths" in k["kernel"]]
     assert timed, [k["kernel"] for k in kernels]
-    assert not [k for k in timed if k["spill_store_bytes"] > 32 or k["spill_load_bytes"] > 32 or k["stack_bytes"] > 32]
+    assert not [k for k in timed if k["spill_store_bytes"] > 12 or k["spill_load_bytes"] > 20 or k["stack_bytes"] > 8]
