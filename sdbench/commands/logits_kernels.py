@@ -6,7 +6,8 @@
 A point is batch:γ:V:dtype (bf16 or fp32). A variant is `vllm` (vllm_v2_style) or fused_logits with
 '+'-joined changes to its default plans: `scan-kernel` / `scan-race` / `scan-pass1` (where the token rule's
 accept scan runs), `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM,
-spans rounded up), `r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
+spans rounded up), `tile<N>` / `warps<N>` (pass 1: N columns a step, N warps a program; planned for STATS_WAVES
+waves unless span or pps is named), `r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
 `race` / `cdf` (how fast mode draws the residual token: the exponential race or by inversion), `combine` /
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
 unless a scan is named); `default` changes nothing.
@@ -40,8 +41,17 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int) -> 
     """fused_logits_launcher keyword arguments for a variant's '+'-joined changes."""
     changes: dict = {}
     rows = batch * (2 * gamma + 1)
-    for part in variant.split("+"):
-        if part in ("default", ""):
+    parts = variant.split("+")
+    # pass 1's step (tile<N> columns, warps<N>) first: span<N> and pps<N> plan in whole steps of it
+    tile = next((int(part[4:]) for part in parts if part.startswith("tile")), tk.STATS_TILE)
+    warps = next((int(part[5:]) for part in parts if part.startswith("warps")), None)
+    step = tile if tile != tk.STATS_TILE else None  # (the default step leaves the plan as the launcher makes it)
+    if step is not None or warps is not None:
+        per_sm = tk.STATS_PER_SM_GUESS
+        plan = tk.stats_plan(rows, vocab, tk.STATS_WAVES * per_sm * sms, tile, tk.STATS_MIN_TILES, wave=per_sm * sms)
+        changes["stats_plan_"] = tk.StatsPlan(plan.span, plan.splits, step, warps)
+    for part in parts:
+        if part in ("default", "") or part.startswith(("tile", "warps")):
             continue
         if part.startswith("scan-") and part[5:] in ("kernel", "race", "pass1"):
             changes["scan"] = part[5:]
@@ -50,10 +60,11 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int) -> 
         elif part in ("combine", "nocombine"):
             changes["combine"] = part == "combine"
         elif part.startswith("span"):
-            span = max(tk.STATS_TILE, int(part[4:]) // tk.STATS_TILE * tk.STATS_TILE)
-            changes["stats_plan_"] = tk.StatsPlan(span=span, splits=triton.cdiv(vocab, span))
+            span = max(tile, int(part[4:]) // tile * tile)
+            changes["stats_plan_"] = tk.StatsPlan(span, triton.cdiv(vocab, span), step, warps)
         elif part.startswith("pps"):
-            changes["stats_plan_"] = tk.stats_plan(rows, vocab, int(part[3:]) * sms, tk.STATS_TILE)
+            plan = tk.stats_plan(rows, vocab, int(part[3:]) * sms, tile)
+            changes["stats_plan_"] = tk.StatsPlan(plan.span, plan.splits, step, warps)
         elif part.startswith("r"):
             race_rows, per_sm = (int(x) for x in part[1:].split("x"))
             chunks = triton.cdiv(vocab, 4 * race_rows)
@@ -120,10 +131,14 @@ def main(argv: list[str] | None = None) -> int:
             for variant, run in calls.items():
                 kernels = per_kernel_us(run, args.iters, flushes[l2])
                 total = sum(kernels.values())
+                plan = getattr(run, "plans", (None,))[0]  # pass 1's (fused_logits)
+                plan = None if plan is None else dict(span=plan.span, splits=plan.splits, tile=plan.tile,
+                                                      num_warps=plan.num_warps, per_sm=getattr(run, "programs_per_sm", None))
                 rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant, total=total,
-                                 floor=floor_us, kernels=kernels))
+                                 floor=floor_us, kernels=kernels, pass1_plan=plan))
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "
-                      f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items()), flush=True)
+                      f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items())
+                      + (f" | splits {plan['splits']}" if plan else ""), flush=True)
         del calls, w
         torch.cuda.empty_cache()
     if args.out:

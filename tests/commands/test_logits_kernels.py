@@ -44,3 +44,15 @@ def test_pass_one_programs_per_sm():
 def test_an_unknown_part_is_an_error():
     with pytest.raises(ValueError, match="unknown variant part"):
         plan_changes("fast", 1, 4, 32000, 132)
+
+
+@pytest.mark.parametrize("variant", ["tile2048+warps8+pps24", "pps24+warps8+tile2048"])
+def test_pass_one_step_plans_whole_steps(variant):
+    plan = plan_changes(variant, 32, 8, 32000, 132)["stats_plan_"]
+    assert (plan.tile, plan.num_warps) == (2048, 8)
+    assert plan.span % 2048 == 0 and plan.splits * plan.span >= 32000 > (plan.splits - 1) * plan.span
+
+
+def test_a_step_alone_keeps_the_default_waves():
+    plan = plan_changes("tile2048", 32, 8, 32000, 132)["stats_plan_"]
+    assert plan.tile == 2048 and plan.num_warps is None and plan.span % 2048 == 0

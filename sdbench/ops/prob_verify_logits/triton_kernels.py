@@ -911,10 +911,14 @@ class LogitsTensors:
 
 @dataclass(frozen=True)
 class StatsPlan:
-    """How pass 1 splits each row: `splits` programs of `span` columns (a multiple of TILE)."""
+    """How pass 1 splits each row: `splits` programs of `span` columns (a multiple of `tile`), each sweeping
+    `tile` columns a step with `num_warps` warps (None: STATS_TILE and STATS_WARPS; `logits_kernels` varies
+    them)."""
 
     span: int
     splits: int
+    tile: int | None = None
+    num_warps: int | None = None
 
 
 def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE, min_tiles: int = 1,
@@ -1052,6 +1056,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
     batch, gamma, vocab = t.shape
     combine = combined is not None
     device = t.draft_tokens.device
+    tile = plan.tile or tile
     if scan is None:  # no scan: the kernel never reads these; any int tensor of the device stands in
         stand_in = stats[2]
         scan_tensors, fast, seed = (stand_in,) * 4, False, 0
@@ -1066,7 +1071,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
                 SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
                 VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
-                num_warps=STATS_WARPS if not INTERPRETED else 1)
+                num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
 

@@ -361,13 +361,15 @@ def _run_block_cases(record, snapshot) -> None:
         return None if clean else f"scratch not reset: {launch.scratch}"
 
     def any_split():
-        """The split of either stream changes the partials (and r_i's summation order), not the tokens."""
+        """The split of either stream (and pass 1's step) changes the partials (and r_i's summation order), not the
+        tokens."""
         w = make_logits_workload(LogitsConfig(2, 3, vocab_size=200, rule="block", seed=22))
         seen = []
-        for span, mass_span, combine in ((64, 64, True), (128, 200, True), (200, 128, True), (64, 128, False)):
+        for span, mass_span, combine, step in ((64, 64, True, None), (128, 200, True, None), (200, 128, True, None),
+                                               (64, 128, False, None), (128, 64, True, 2 * kernels.STATS_TILE)):
             outputs = allocate_outputs(w)
             kernels.fused_logits_launcher(inputs(w), outputs, fast=False, rule="block", combine=combine,
-                                          stats_plan_=kernels.StatsPlan(span=span, splits=-(-200 // span)),
+                                          stats_plan_=kernels.StatsPlan(span, -(-200 // span), step),
                                           mass_plan=kernels.StatsPlan(span=mass_span, splits=-(-200 // mass_span)))()
             seen.append(outputs["output_tokens"].clone())
         same = all(torch.equal(tokens, seen[0]) for tokens in seen)
