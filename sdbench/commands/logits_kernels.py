@@ -7,7 +7,8 @@ A point is batch:γ:V:dtype (bf16 or fp32). A variant is `vllm` (vllm_v2_style) 
 '+'-joined changes to its default plans: `scan-kernel` / `scan-race` / `scan-pass1` (where the token rule's
 accept scan runs), `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM,
 spans rounded up), `tile<N>` / `warps<N>` (pass 1: N columns a step, N warps a program; planned for STATS_WAVES
-waves unless span or pps is named), `r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
+waves unless span or pps is named), `cap<N>` (pass 1's default plan with at most N splits below one wave),
+`r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
 `race` / `cdf` (how fast mode draws the residual token: the exponential race or by inversion), `combine` /
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
 unless a scan is named); `default` changes nothing.
@@ -43,15 +44,18 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int) -> 
     rows = batch * (2 * gamma + 1)
     parts = variant.split("+")
     # pass 1's step (tile<N> columns, warps<N>) first: span<N> and pps<N> plan in whole steps of it
-    tile = next((int(part[4:]) for part in parts if part.startswith("tile")), tk.STATS_TILE)
+    step = next((int(part[4:]) for part in parts if part.startswith("tile")), None)
     warps = next((int(part[5:]) for part in parts if part.startswith("warps")), None)
-    step = tile if tile != tk.STATS_TILE else None  # (the default step leaves the plan as the launcher makes it)
+    tile = step or tk.STATS_TILE  # (no step named: span<N> and pps<N> plan in float32's, the launcher steps its own)
+    cap = next((int(part[3:]) for part in parts if part.startswith("cap")), None)
+    if cap is not None:
+        changes["stats_max_splits"] = cap
     if step is not None or warps is not None:
         per_sm = tk.STATS_PER_SM_GUESS
         plan = tk.stats_plan(rows, vocab, tk.STATS_WAVES * per_sm * sms, tile, tk.STATS_MIN_TILES, wave=per_sm * sms)
         changes["stats_plan_"] = tk.StatsPlan(plan.span, plan.splits, step, warps)
     for part in parts:
-        if part in ("default", "") or part.startswith(("tile", "warps")):
+        if part in ("default", "") or part.startswith(("tile", "warps", "cap")):
             continue
         if part.startswith("scan-") and part[5:] in ("kernel", "race", "pass1"):
             changes["scan"] = part[5:]

@@ -56,3 +56,7 @@ def test_pass_one_step_plans_whole_steps(variant):
 def test_a_step_alone_keeps_the_default_waves():
     plan = plan_changes("tile2048", 32, 8, 32000, 132)["stats_plan_"]
     assert plan.tile == 2048 and plan.num_warps is None and plan.span % 2048 == 0
+
+
+def test_a_split_cap_reaches_the_launcher():
+    assert plan_changes("cap16", 1, 16, 151936, 132) == {"stats_max_splits": 16}

@@ -8,7 +8,7 @@ float32 rounding, see reference.py):
   test at position i needs p_i(x_i) and q_i(x_i), i.e. the softmax normalisers (max, Σexp) of target
   row i and draft row i, and the first rejection k needs all of them; the race at k needs rows k again. So:
   1. `_row_stats_kernel`, grid (B·(2γ+1), splits): program (row, s) sweeps its span of one logits
-     row (target rows 0..γ, then draft rows 0..γ-1) in STATS_TILE-column steps, each lane of 16 bytes
+     row (target rows 0..γ, then draft rows 0..γ-1) in steps of `stats_tile` columns (4 KiB), each lane of 16 bytes
      keeping its own online max and Σexp(z - max) (no reduction inside the loop) and (greedy rows) the
      first argmax of z = logits·(1/T). Writes one partial (max, sumexp, argmax) per program. Every logit
      is read once: this is the floor, and the kernel is a pure stream. The split aims at STATS_WAVES
@@ -85,7 +85,7 @@ STATS_WARPS = 4
 # 1 alone, b=512 γ=8 V=128256, session 6's per-logit max): bf16 631 (2048 with prefetch: 635; without: 933;
 # per-tile reductions: 744), fp32 1017 (1064; 1120; 1006): docs/perf-notes.md, "Pass 1 per lane". With
 # 16-byte lanes (session 8): bf16 547, fp32 1001.
-STATS_TILE = 32 if INTERPRETED else 1024
+STATS_TILE = 32 if INTERPRETED else 1024  # float32's step; a step is STATS_TILE·4 bytes of any dtype (stats_tile)
 STATS_PROGRAMS_PER_SM = 16  # the block rule's mass pass: programs per SM it aims at (pass 1 sizes itself by waves now)
 NO_INDEX = tl.constexpr(2**31 - 1)  # globals a jit function reads must be constexpr
 LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: pass 1's empty lane (see _row_stats_kernel)
@@ -922,12 +922,12 @@ class StatsPlan:
 
 
 def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE, min_tiles: int = 1,
-               wave: int | None = None) -> StatsPlan:
+               wave: int | None = None, max_splits: int = STATS_SPLITS_BELOW_WAVE) -> StatsPlan:
     """About target_programs programs over the rows, in equal spans: one tile per program when every
     tile of every row fits one wave (`wave` programs at once; default target_programs); otherwise
     ⌈tiles / wanted⌉ tiles (rounded up, so the splits are balanced and never more than wanted =
     ⌈target_programs / rows⌉), and at least min_tiles; below one wave, longer spans until the splits are
-    at most STATS_SPLITS_BELOW_WAVE and padding them to a power of two wastes at most a quarter."""
+    at most max_splits and padding them to a power of two wastes at most a quarter."""
     tiles = triton.cdiv(vocab, tile)
     wave = target_programs if wave is None else wave
     if rows * tiles <= wave:
@@ -942,11 +942,19 @@ def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE, mi
     # 9.1, 32 of 4 8.5, warm 7.9 and 6.4).
     def wasteful(span_tiles: int) -> bool:
         splits = triton.cdiv(tiles, span_tiles)
-        return splits > STATS_SPLITS_BELOW_WAVE or 4 * triton.next_power_of_2(splits) > 5 * splits
+        return splits > max_splits or 4 * triton.next_power_of_2(splits) > 5 * splits
 
     while span_tiles < tiles and rows * triton.cdiv(tiles, span_tiles) < wave and wasteful(span_tiles):
         span_tiles += 1
     return StatsPlan(span=span_tiles * tile, splits=triton.cdiv(tiles, span_tiles))
+
+
+def stats_tile(element_size: int) -> int:
+    """Pass 1's columns a step for logits of `element_size` bytes: 4 KiB a step at 4 warps (two 16-byte lanes a
+    thread, two steps in flight), whatever the dtype. bf16 used to step 1024 columns like float32, i.e. half
+    the bytes in flight (H200, pass 1 alone, µs, cold / warm, 1024 -> 2048 columns: b=32, γ=8, V=32000 13.9 /
+    12.0 -> 12.9 / 10.7; b=128, γ=4, V=32000 24.7 / 23.5 -> 23.4 / 21.8; b=512, γ=4, V=32000 75.0 -> 75.6)."""
+    return STATS_TILE * 4 // element_size
 
 
 def _sms(device: torch.device) -> int:
@@ -954,7 +962,8 @@ def _sms(device: torch.device) -> int:
 
 
 def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device,
-                       per_sm: int = STATS_PER_SM_GUESS) -> StatsPlan:
+                       per_sm: int = STATS_PER_SM_GUESS, element_size: int = 4,
+                       max_splits: int = STATS_SPLITS_BELOW_WAVE) -> StatsPlan:
     """Pass 1's split: about STATS_WAVES waves of `per_sm` resident programs per SM (the launcher passes the
     compiled kernel's), so the last, partial wave is a small part of the stream; at least STATS_MIN_TILES
     tiles a program once the rows' tiles exceed one wave. Measured on the H200 (bf16, cold, pass 1 alone):
@@ -962,10 +971,13 @@ def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device,
     b=1, γ=16, V=128256: one tile per program gave 4158 programs, two waves, each paying its fixed costs
     over one tile's stream, 14.3 µs; four tiles, 7.9 µs."""
     rows = batch * (2 * gamma + 1)
+    tile = stats_tile(element_size)
     if device.type != "cuda":
-        return stats_plan(rows, vocab, 3 * rows, STATS_TILE)  # the interpreter: a few splits, to exercise the combine
-    wave = per_sm * _sms(device)
-    return stats_plan(rows, vocab, STATS_WAVES * wave, STATS_TILE, STATS_MIN_TILES, wave=wave)
+        plan = stats_plan(rows, vocab, 3 * rows, tile)  # the interpreter: a few splits, to exercise the combine
+    else:
+        wave = per_sm * _sms(device)
+        plan = stats_plan(rows, vocab, STATS_WAVES * wave, tile, STATS_MIN_TILES, wave=wave, max_splits=max_splits)
+    return plan if tile == STATS_TILE else StatsPlan(plan.span, plan.splits, tile)
 
 
 def default_row_plan(rows: int, vocab: int, device: torch.device, tile: int = TILE, min_tiles: int = 1) -> StatsPlan:
@@ -1047,7 +1059,7 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
             torch.empty(count, dtype=torch.int32, device=device))
 
 
-def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int = STATS_TILE,
+def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,
                   combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
     each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
@@ -1056,7 +1068,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
     batch, gamma, vocab = t.shape
     combine = combined is not None
     device = t.draft_tokens.device
-    tile = plan.tile or tile
+    tile = plan.tile or tile or stats_tile(t.target_logits.element_size())
     if scan is None:  # no scan: the kernel never reads these; any int tensor of the device stands in
         stand_in = stats[2]
         scan_tensors, fast, seed = (stand_in,) * 4, False, 0
@@ -1078,7 +1090,8 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
 def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int = 0,
                           offset: int = 0, stats_plan_: StatsPlan | None = None, rule: str = "token",
                           mass_plan: StatsPlan | None = None, race_plan: RacePlan | None = None,
-                          scan: str | None = None, sample: str | None = None, combine: bool | None = None):
+                          scan: str | None = None, sample: str | None = None, combine: bool | None = None,
+                          stats_max_splits: int = STATS_SPLITS_BELOW_WAVE):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1089,7 +1102,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     the reference defines it. combine (scan "race", the block rule): pass 1's last program of a row
     combines the row's partials (an arrival atomic per program), or (False) every race program combines
     them; None: `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
-    Plans left None are sized on a GPU to the kernels as they compiled (their resident programs per SM)."""
+    Plans left None are sized on a GPU to the kernels as they compiled (their resident programs per SM);
+    stats_max_splits caps pass 1's splits below one wave (`stats_plan`)."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if scan not in (None, "kernel", "race", "pass1"):
@@ -1101,7 +1115,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                          "scan kernel combines them itself")
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
-    plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device)
+    element_size = t.target_logits.element_size()
+    plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device, element_size=element_size,
+                                             max_splits=stats_max_splits)
     race = race_plan or default_race_plan(batch, vocab, device)
     if rule == "block":
         scan = "race"
@@ -1115,7 +1131,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
         if stats_plan_ is None and stats_per_sm is not None:
-            plan = default_stats_plan(batch, gamma, vocab, device, per_sm=stats_per_sm)
+            plan = default_stats_plan(batch, gamma, vocab, device, per_sm=stats_per_sm, element_size=element_size,
+                                      max_splits=stats_max_splits)
         if race_plan is None and race_per_sm is not None:
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm)
         if (plan, race) != launch.plans:
@@ -1216,6 +1233,9 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
     block_best = torch.empty((batch, plan.splits), dtype=torch.int64, device=device)
     offsets = philox_offsets(batch, offset, device)  # the finish kernel advances them, call by call
     precise = _precise_math(device)
+    # 1024-column steps in any dtype, as every grid before the 4 KiB step measured it: with that step its one-block
+    # programs gained at b <= 32 (by <= 1.4 µs, still behind fused_logits) and lost 2-4% at b >= 128 (H200, bf16;
+    # docs/perf-notes.md, "Session 15")
     stats_launch = _stats_launch(t, stats, plan, tile=min(block, STATS_TILE))
     scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
                  t.uniforms, *stats, stop, stop_stats, offsets, stop, seed, plan.splits, vocab,  # (no flags: stop stands in)

@@ -103,3 +103,11 @@ def test_a_scan_refuses_the_wrong_combine(scan, combine):
     inputs = types.SimpleNamespace(shape=(2, 3, 64), draft_tokens=torch.zeros(2, 3))
     with pytest.raises(ValueError, match="combine"):
         kernels.fused_logits_launcher(inputs, {}, fast=False, scan=scan, combine=combine)
+
+
+def test_a_lower_split_cap_below_a_wave_takes_longer_spans(h200):
+    plan = kernels.default_stats_plan(1, 16, 151936, h200, per_sm=12, max_splits=16)
+    assert plan.splits <= 16 and (plan.splits - 1) * plan.span < 151936 <= plan.splits * plan.span
+    # bf16 steps 4 KiB (2048 columns): the same row in half as many steps, and the plan says so
+    bf16 = kernels.default_stats_plan(1, 16, 151936, h200, per_sm=12, element_size=2)
+    assert bf16.tile == 2 * kernels.STATS_TILE and bf16.span % bf16.tile == 0
