@@ -7,7 +7,8 @@ A point is batch:γ:V:dtype (bf16 or fp32). A variant is `vllm` (vllm_v2_style) 
 '+'-joined changes to its default plans: `scan-kernel` / `scan-race` / `scan-pass1` (where the token rule's
 accept scan runs), `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM,
 spans rounded up), `tile<N>` / `warps<N>` (pass 1: N columns a step, N warps a program; planned for STATS_WAVES
-waves unless span or pps is named), `cap<N>` (pass 1's default plan with at most N splits below one wave),
+waves of STATS_PER_SM_GUESS programs per SM unless span or pps is named), `cap<N>` (pass 1: at most N splits
+below one wave),
 `r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
 `race` / `cdf` (how fast mode draws the residual token: the exponential race or by inversion), `combine` /
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
@@ -38,22 +39,26 @@ def _inputs(w) -> tk.LogitsTensors:
                             w.draft_temperature, w.uniforms, w.exponential_noise)
 
 
-def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int) -> dict:
-    """fused_logits_launcher keyword arguments for a variant's '+'-joined changes."""
+def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, element_size: int = 4) -> dict:
+    """fused_logits_launcher keyword arguments for a variant's '+'-joined changes (element_size: the logits')."""
     changes: dict = {}
     rows = batch * (2 * gamma + 1)
     parts = variant.split("+")
-    # pass 1's step (tile<N> columns, warps<N>) first: span<N> and pps<N> plan in whole steps of it
+    # pass 1's step (tile<N> columns, warps<N>) and split cap (cap<N>) first: span<N> and pps<N> plan in whole
+    # steps, the launcher's own step where none is named
     step = next((int(part[4:]) for part in parts if part.startswith("tile")), None)
     warps = next((int(part[5:]) for part in parts if part.startswith("warps")), None)
-    tile = step or tk.STATS_TILE  # (no step named: span<N> and pps<N> plan in float32's, the launcher steps its own)
-    cap = next((int(part[3:]) for part in parts if part.startswith("cap")), None)
-    if cap is not None:
-        changes["stats_max_splits"] = cap
+    cap = next((int(part[3:]) for part in parts if part.startswith("cap")), tk.STATS_SPLITS_BELOW_WAVE)
+    tile = step or tk.stats_tile(element_size)
     if step is not None or warps is not None:
+        # (planned for STATS_PER_SM_GUESS resident programs per SM: the launcher's re-plan with the compiled
+        # kernel's count needs no plan given, and a variant's step compiles to other counts)
         per_sm = tk.STATS_PER_SM_GUESS
-        plan = tk.stats_plan(rows, vocab, tk.STATS_WAVES * per_sm * sms, tile, tk.STATS_MIN_TILES, wave=per_sm * sms)
+        plan = tk.stats_plan(rows, vocab, tk.STATS_WAVES * per_sm * sms, tile, tk.STATS_MIN_TILES, wave=per_sm * sms,
+                             max_splits=cap)
         changes["stats_plan_"] = tk.StatsPlan(plan.span, plan.splits, step, warps)
+    elif cap != tk.STATS_SPLITS_BELOW_WAVE:
+        changes["stats_max_splits"] = cap
     for part in parts:
         if part in ("default", "") or part.startswith(("tile", "warps", "cap")):
             continue
@@ -66,9 +71,11 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int) -> 
         elif part.startswith("span"):
             span = max(tile, int(part[4:]) // tile * tile)
             changes["stats_plan_"] = tk.StatsPlan(span, triton.cdiv(vocab, span), step, warps)
+            changes.pop("stats_max_splits", None)  # (an explicit span: no cap to apply)
         elif part.startswith("pps"):
-            plan = tk.stats_plan(rows, vocab, int(part[3:]) * sms, tile)
+            plan = tk.stats_plan(rows, vocab, int(part[3:]) * sms, tile, max_splits=cap)
             changes["stats_plan_"] = tk.StatsPlan(plan.span, plan.splits, step, warps)
+            changes.pop("stats_max_splits", None)
         elif part.startswith("r"):
             race_rows, per_sm = (int(x) for x in part[1:].split("x"))
             chunks = triton.cdiv(vocab, 4 * race_rows)
@@ -130,14 +137,17 @@ def main(argv: list[str] | None = None) -> int:
                                                            w.seed, 0)
             else:
                 calls[variant] = tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0,
-                                                          **plan_changes(variant, batch, gamma, vocab, sms))
+                                                          **plan_changes(variant, batch, gamma, vocab, sms,
+                                                                         w.target_logits.element_size()))
         for l2 in args.l2.split(","):
             for variant, run in calls.items():
                 kernels = per_kernel_us(run, args.iters, flushes[l2])
                 total = sum(kernels.values())
                 plan = getattr(run, "plans", (None,))[0]  # pass 1's (fused_logits)
-                plan = None if plan is None else dict(span=plan.span, splits=plan.splits, tile=plan.tile,
-                                                      num_warps=plan.num_warps, per_sm=getattr(run, "programs_per_sm", None))
+                per_sm = getattr(run, "programs_per_sm", None) or (None, None)  # (pass 1, race), as compiled
+                plan = None if plan is None else dict(
+                    span=plan.span, splits=plan.splits, tile=plan.tile or tk.stats_tile(w.target_logits.element_size()),
+                    num_warps=plan.num_warps or tk.STATS_WARPS, per_sm=per_sm[0], race_per_sm=per_sm[1])
                 rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant, total=total,
                                  floor=floor_us, kernels=kernels, pass1_plan=plan))
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "

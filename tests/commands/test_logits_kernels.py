@@ -46,17 +46,26 @@ def test_an_unknown_part_is_an_error():
         plan_changes("fast", 1, 4, 32000, 132)
 
 
-@pytest.mark.parametrize("variant", ["tile2048+warps8+pps24", "pps24+warps8+tile2048"])
+@pytest.mark.parametrize("variant", ["tile2048+warps8+pps12", "pps12+warps8+tile2048"])
 def test_pass_one_step_plans_whole_steps(variant):
-    plan = plan_changes(variant, 32, 8, 32000, 132)["stats_plan_"]
-    assert (plan.tile, plan.num_warps) == (2048, 8)
-    assert plan.span % 2048 == 0 and plan.splits * plan.span >= 32000 > (plan.splits - 1) * plan.span
+    # 544 rows, 1584 programs: 3 splits; in 1024-column tiles a span of 11 (11264 columns), in 2048 one of 6
+    assert plan_changes(variant, 32, 8, 32000, 132)["stats_plan_"] == tk.StatsPlan(12288, 3, 2048, 8)
+
+
+def test_spans_are_whole_steps_of_the_logits_dtype():
+    assert plan_changes("pps12", 32, 8, 32000, 132)["stats_plan_"] == tk.StatsPlan(11264, 3)  # float32: 1024 a step
+    assert plan_changes("pps12", 32, 8, 32000, 132, element_size=2)["stats_plan_"] == tk.StatsPlan(12288, 3)  # bf16
+    assert plan_changes("warps8", 1, 4, 32000, 132, element_size=2)["stats_plan_"].span % 2048 == 0
 
 
 def test_a_step_alone_keeps_the_default_waves():
-    plan = plan_changes("tile2048", 32, 8, 32000, 132)["stats_plan_"]
-    assert plan.tile == 2048 and plan.num_warps is None and plan.span % 2048 == 0
+    # 4 waves of 12 programs per SM over 544 rows want 12 splits of 16 tiles of 2048 columns, but a span holds
+    # STATS_MIN_TILES (4) once the tiles exceed a wave: 4 splits of 8192
+    assert plan_changes("tile2048", 32, 8, 32000, 132)["stats_plan_"] == tk.StatsPlan(8192, 4, 2048, None)
 
 
-def test_a_split_cap_reaches_the_launcher():
+def test_a_split_cap_reaches_the_launcher_or_the_plan():
     assert plan_changes("cap16", 1, 16, 151936, 132) == {"stats_max_splits": 16}
+    # with a plan of its own the cap shapes that plan: 149 tiles in 15 spans of 10, not 30 of 5
+    assert plan_changes("cap16+pps12", 1, 16, 151936, 132)["stats_plan_"] == tk.StatsPlan(10240, 15)
+    assert "stats_max_splits" not in plan_changes("cap16+pps12", 1, 16, 151936, 132)

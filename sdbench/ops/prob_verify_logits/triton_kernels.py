@@ -81,7 +81,8 @@ except ImportError:  # older Triton layouts
 
 TILE = 64 if INTERPRETED else 2048  # columns per step of a block-mass program (16 per thread at 4 warps)
 STATS_WARPS = 4
-# Pass 1's tile: 8 logits per thread at 4 warps, two tiles in flight. Measured on the H200 (GPU µs, cold L2, pass
+# Pass 1's tile (float32; `stats_tile` sizes other dtypes' to the same 4 KiB): 8 logits per thread at 4 warps, two
+# tiles in flight. Measured on the H200 (GPU µs, cold L2, pass
 # 1 alone, b=512 γ=8 V=128256, session 6's per-logit max): bf16 631 (2048 with prefetch: 635; without: 933;
 # per-tile reductions: 744), fp32 1017 (1064; 1120; 1006): docs/perf-notes.md, "Pass 1 per lane". With
 # 16-byte lanes (session 8): bf16 547, fp32 1001.
@@ -98,7 +99,7 @@ RACE_CHUNK_MAX = 1024  # race columns per step: 8 per thread at 4 warps (2048: 1
 STATS_MIN_TILES = 4  # pass-1 span once the rows' tiles exceed a wave: per-program fixed costs amortised
 STATS_WAVES = 4  # pass 1 aims at this many waves of resident programs (default_stats_plan)
 STATS_SPLITS_BELOW_WAVE = 32  # pass-1 partials a row at most where all of pass 1 fits one wave (stats_plan)
-STATS_PER_SM_GUESS = 12  # pass 1's resident programs per SM before it is compiled (40 registers, 4 warps, sm_90)
+STATS_PER_SM_GUESS = 12  # pass 1's resident programs per SM before it is compiled (sm_90, Triton 3.6: float32 12, bf16 9 at 4 KiB steps)
 RACE_PER_SM_GUESS = 8  # the race's, likewise (64 registers at 1024-column chunks)
 RACE_MIN_PROGRAMS = 4  # race programs a sequence at the least, whatever the wave (race_steps)
 RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
@@ -168,8 +169,9 @@ def _row_stats_kernel(
     same float as max(x·(1/T)), since rounding a product by a positive number is monotonic. The span's
     whole tiles load unmasked, the next one while this one is folded in (two tiles in flight per program);
     only the row's last, partial tile is masked (-inf: it adds 2^-inf = 0; a span of -inf logits leaves s
-    = 0). Registers (bf16, measured with ptxas for sm_90): 40 a thread, against 63 with a running max per
-    logit, so 12 programs fit an SM, not 8.
+    = 0). Registers (bf16 at 1024-column steps, measured with ptxas for sm_90): 40 a thread, against 63 with a
+    running max per logit. Resident programs per SM as the launcher reads them on the H200 (Triton 3.6):
+    float32 12; bf16 16 at 1024-column steps, 9 at 4 KiB steps (the plans are sized to them).
     COMBINE (fused_logits): the row's last program to arrive (arrivals_ptr, int32 per row, left zeroed)
     combines the row's `splits` partials into row_*_ptr[row] (one program per row writes there directly),
     so the race reads 2γ+1 numbers per sequence, not (2γ+1)·splits in every one of its programs (the block
@@ -912,8 +914,8 @@ class LogitsTensors:
 @dataclass(frozen=True)
 class StatsPlan:
     """How pass 1 splits each row: `splits` programs of `span` columns (a multiple of `tile`), each sweeping
-    `tile` columns a step with `num_warps` warps (None: STATS_TILE and STATS_WARPS; `logits_kernels` varies
-    them)."""
+    `tile` columns a step with `num_warps` warps (None: `stats_tile` of the logits' dtype and STATS_WARPS;
+    `logits_kernels` varies them)."""
 
     span: int
     splits: int
@@ -954,7 +956,7 @@ def stats_tile(element_size: int) -> int:
     thread, two steps in flight), whatever the dtype. bf16 used to step 1024 columns like float32, i.e. half
     the bytes in flight (H200, pass 1 alone, µs, cold / warm, 1024 -> 2048 columns: b=32, γ=8, V=32000 13.9 /
     12.0 -> 12.9 / 10.7; b=128, γ=4, V=32000 24.7 / 23.5 -> 23.4 / 21.8; b=512, γ=4, V=32000 75.0 -> 75.6)."""
-    return STATS_TILE * 4 // element_size
+    return STATS_TILE if INTERPRETED else STATS_TILE * 4 // element_size  # (interpreted: small rows keep their splits)
 
 
 def _sms(device: torch.device) -> int:
@@ -1068,7 +1070,9 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
     batch, gamma, vocab = t.shape
     combine = combined is not None
     device = t.draft_tokens.device
-    tile = plan.tile or tile or stats_tile(t.target_logits.element_size())
+    if tile is not None and plan.tile is not None and tile != plan.tile:
+        raise ValueError(f"a step of {tile} columns asked for a plan made in steps of {plan.tile}")
+    tile = tile or plan.tile or stats_tile(t.target_logits.element_size())
     if scan is None:  # no scan: the kernel never reads these; any int tensor of the device stands in
         stand_in = stats[2]
         scan_tensors, fast, seed = (stand_in,) * 4, False, 0
@@ -1113,6 +1117,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if (scan == "pass1" and combine is False) or (scan == "kernel" and combine):
         raise ValueError(f"scan={scan!r} with combine={combine}: the pass-1 scan reads combined rows, and the "
                          "scan kernel combines them itself")
+    if stats_plan_ is not None and stats_max_splits != STATS_SPLITS_BELOW_WAVE:
+        raise ValueError("stats_max_splits shapes the default pass-1 plan; with stats_plan_ given it would do nothing")
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     element_size = t.target_logits.element_size()
@@ -1234,8 +1240,8 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
     offsets = philox_offsets(batch, offset, device)  # the finish kernel advances them, call by call
     precise = _precise_math(device)
     # 1024-column steps in any dtype, as every grid before the 4 KiB step measured it: with that step its one-block
-    # programs gained at b <= 32 (by <= 1.4 µs, still behind fused_logits) and lost 2-4% at b >= 128 (H200, bf16;
-    # docs/perf-notes.md, "Session 15")
+    # programs gained at b = 1 and at b = 32, γ = 8 (by <= 1.4 µs, still behind fused_logits) and lost up to 4%
+    # elsewhere (H200, bf16; docs/perf-notes.md, "Session 15")
     stats_launch = _stats_launch(t, stats, plan, tile=min(block, STATS_TILE))
     scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
                  t.uniforms, *stats, stop, stop_stats, offsets, stop, seed, plan.splits, vocab,  # (no flags: stop stands in)

@@ -106,8 +106,37 @@ def test_a_scan_refuses_the_wrong_combine(scan, combine):
 
 
 def test_a_lower_split_cap_below_a_wave_takes_longer_spans(h200):
-    plan = kernels.default_stats_plan(1, 16, 151936, h200, per_sm=12, max_splits=16)
-    assert plan.splits <= 16 and (plan.splits - 1) * plan.span < 151936 <= plan.splits * plan.span
-    # bf16 steps 4 KiB (2048 columns): the same row in half as many steps, and the plan says so
-    bf16 = kernels.default_stats_plan(1, 16, 151936, h200, per_sm=12, element_size=2)
-    assert bf16.tile == 2 * kernels.STATS_TILE and bf16.span % bf16.tile == 0
+    # 149 tiles of 1024 columns: 30 spans of 5 by default (above), 15 of 10 with at most 16 splits
+    assert kernels.default_stats_plan(1, 16, 151936, h200, per_sm=12, max_splits=16) == kernels.StatsPlan(10240, 15)
+    # bf16 steps 4 KiB (2048 columns): 75 tiles, 15 spans of 5, and the plan carries its step
+    assert kernels.default_stats_plan(1, 16, 151936, h200, per_sm=12, element_size=2) == \
+        kernels.StatsPlan(10240, 15, 2 * kernels.STATS_TILE)
+
+
+def _logits_tensors(dtype):
+    batch, gamma, vocab = 2, 3, 5000
+    return kernels.LogitsTensors(
+        torch.zeros(batch, gamma, dtype=torch.int64), torch.zeros(batch, gamma + 1, vocab, dtype=dtype),
+        torch.zeros(batch, gamma, vocab, dtype=dtype), torch.ones(batch), torch.ones(batch),
+        torch.zeros(batch, gamma), torch.zeros(batch, vocab))
+
+
+@pytest.mark.parametrize("dtype,step", [(torch.float32, kernels.STATS_TILE), (torch.bfloat16, 2 * kernels.STATS_TILE)])
+def test_pass_one_compiles_the_plans_step(dtype, step):
+    """The step pass 1 is compiled with (its TILE and warps), from the plan or the logits' dtype; a plan's step
+    and an explicit one that disagree are refused, not silently resolved (nothing is launched here)."""
+    t = _logits_tensors(dtype)
+    stats = kernels.allocate_stats(2, 3, 2, torch.device("cpu"))
+    default = kernels._stats_launch(t, stats, kernels.StatsPlan(4 * step, 2))
+    assert (default._meta["TILE"], default._meta["num_warps"]) == (step, kernels.STATS_WARPS)
+    chosen = kernels._stats_launch(t, stats, kernels.StatsPlan(8192, 1, 4096, 8))
+    assert (chosen._meta["TILE"], chosen._meta["num_warps"]) == (4096, 8)
+    assert kernels._stats_launch(t, stats, kernels.StatsPlan(4096, 2), tile=1024)._meta["TILE"] == 1024  # the peer's
+    with pytest.raises(ValueError, match="step of 1024"):
+        kernels._stats_launch(t, stats, kernels.StatsPlan(8192, 1, 4096), tile=1024)
+
+
+def test_a_split_cap_needs_the_default_plan():
+    t = _logits_tensors(torch.float32)
+    with pytest.raises(ValueError, match="stats_max_splits"):
+        kernels.fused_logits_launcher(t, {}, fast=True, stats_plan_=kernels.StatsPlan(4096, 2), stats_max_splits=16)
