@@ -954,7 +954,7 @@ def stats_plan(rows: int, vocab: int, target_programs: int, tile: int = TILE, mi
 def stats_tile(element_size: int) -> int:
     """Pass 1's columns a step for logits of `element_size` bytes: 4 KiB a step at 4 warps (two 16-byte lanes a
     thread, two steps in flight), whatever the dtype. bf16 used to step 1024 columns like float32, i.e. half
-    the bytes in flight (H200, pass 1 alone, µs, cold / warm, 1024 -> 2048 columns: b=32, γ=8, V=32000 13.9 /
+    the bytes in flight a thread (H200, pass 1 alone, µs, cold / warm, 1024 -> 2048 columns: b=32, γ=8, V=32000 13.9 /
     12.0 -> 12.9 / 10.7; b=128, γ=4, V=32000 24.7 / 23.5 -> 23.4 / 21.8; b=512, γ=4, V=32000 75.0 -> 75.6)."""
     return STATS_TILE if INTERPRETED else STATS_TILE * 4 // element_size  # (interpreted: small rows keep their splits)
 
@@ -973,13 +973,11 @@ def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device,
     b=1, γ=16, V=128256: one tile per program gave 4158 programs, two waves, each paying its fixed costs
     over one tile's stream, 14.3 µs; four tiles, 7.9 µs."""
     rows = batch * (2 * gamma + 1)
-    tile = stats_tile(element_size)
+    tile = stats_tile(element_size)  # (the plan leaves its tile None: `_stats_launch` steps the same for the dtype)
     if device.type != "cuda":
-        plan = stats_plan(rows, vocab, 3 * rows, tile)  # the interpreter: a few splits, to exercise the combine
-    else:
-        wave = per_sm * _sms(device)
-        plan = stats_plan(rows, vocab, STATS_WAVES * wave, tile, STATS_MIN_TILES, wave=wave, max_splits=max_splits)
-    return plan if tile == STATS_TILE else StatsPlan(plan.span, plan.splits, tile)
+        return stats_plan(rows, vocab, 3 * rows, tile)  # the interpreter: a few splits, to exercise the combine
+    wave = per_sm * _sms(device)
+    return stats_plan(rows, vocab, STATS_WAVES * wave, tile, STATS_MIN_TILES, wave=wave, max_splits=max_splits)
 
 
 def default_row_plan(rows: int, vocab: int, device: torch.device, tile: int = TILE, min_tiles: int = 1) -> StatsPlan:

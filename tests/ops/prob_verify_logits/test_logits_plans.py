@@ -108,9 +108,8 @@ def test_a_scan_refuses_the_wrong_combine(scan, combine):
 def test_a_lower_split_cap_below_a_wave_takes_longer_spans(h200):
     # 149 tiles of 1024 columns: 30 spans of 5 by default (above), 15 of 10 with at most 16 splits
     assert kernels.default_stats_plan(1, 16, 151936, h200, per_sm=12, max_splits=16) == kernels.StatsPlan(10240, 15)
-    # bf16 steps 4 KiB (2048 columns): 75 tiles, 15 spans of 5, and the plan carries its step
-    assert kernels.default_stats_plan(1, 16, 151936, h200, per_sm=12, element_size=2) == \
-        kernels.StatsPlan(10240, 15, 2 * kernels.STATS_TILE)
+    # bf16 steps 4 KiB (2048 columns): 75 tiles, 15 spans of 5 (float32: 30 spans of 5 tiles of 1024)
+    assert kernels.default_stats_plan(1, 16, 151936, h200, per_sm=12, element_size=2) == kernels.StatsPlan(10240, 15)
 
 
 def _logits_tensors(dtype):
