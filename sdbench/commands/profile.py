@@ -338,9 +338,10 @@ def run_torch(run, iters: int) -> list[KernelTime]:
     with profile(activities=activities):  # the first session initialises CUPTI; it can miss events
         run()
         torch.cuda.synchronize()
-    from sdbench.measure.timing import CUPTI_ATTEMPTS, CUPTI_RETRY_PAUSE_S
+    from sdbench.measure.timing import CUPTI_ATTEMPTS, CUPTI_RETRY_PAUSE_S, lost_kernel_records
 
-    for attempt in range(CUPTI_ATTEMPTS):  # a session can record nothing while CUPTI re-attaches
+    lost = 0
+    for attempt in range(CUPTI_ATTEMPTS):  # a session can record nothing, or lose a kernel's records
         if attempt:
             time.sleep(CUPTI_RETRY_PAUSE_S)
         with profile(activities=activities) as prof:
@@ -348,8 +349,12 @@ def run_torch(run, iters: int) -> list[KernelTime]:
                 run()
             torch.cuda.synchronize()
         events = list(_device_events(prof))
-        if events:
+        lost = lost_kernel_records(prof.profiler.kineto_results.events())
+        if events and not lost:
             return aggregate_kernels(events, iters)
+    if lost:
+        raise ToolFailed(f"CUPTI lost the device records of {lost} kernel launches (every one of {CUPTI_ATTEMPTS} "
+                         "sessions lost some): the per-kernel table would miss kernels")
     raise ToolFailed(f"torch.profiler recorded no device activity in {CUPTI_ATTEMPTS} sessions (CUPTI unavailable?)")
 
 

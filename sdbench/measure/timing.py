@@ -13,9 +13,12 @@ Views (one per way a serving engine pays for the work):
            per replay) amortise the graph's device-side start. With a cold L2 each replay holds one copy
            (a flush between copies would be timed). Callables that sync the host cannot be captured.
 - `gpu`:   device time only: CUPTI (torch.profiler) kernel, memcpy and memset durations summed per
-           iteration, over a bounded number of iterations (the profiler's post-processing is the cost).
-           Warm L2: an untimed call of the same callable right before each timed one, so the L2 holds
-           its own data, not the previous callable's.
+           iteration, over a bounded number of iterations (the profiler's post-processing is the cost),
+           after untimed warm-up calls outside the profiler session. Warm L2: an untimed call of the
+           same callable right before each timed one, so the L2 holds its own data, not the previous
+           callable's. CUPTI can lose every record of one kernel in a session while keeping the others:
+           each kernel launch in an iteration must have its device record, or the session is run
+           again, and a callable still missing one gets no number.
 - `cpu`:   on a CPU device, `time.perf_counter_ns` around each call.
 
 Every view runs its callables round-robin (the start rotates each round), so drift on a shared,
@@ -472,7 +475,10 @@ def _cupti_torn_down_after():
 
 
 # A profiler session can record no device activity at all while CUPTI re-attaches (seen on the
-# H100 host right after another session's teardown): such a session is run again, after a pause.
+# H100 host right after another session's teardown), or lose every record of one kernel while it
+# keeps the others (seen on the H200 host: a 37 µs pass over the logits missing from all ten
+# iterations of one design, which read 14 µs on a 36 µs floor). Either session is run again, after
+# a pause; a callable that still lacks a kernel's record gets no number.
 CUPTI_ATTEMPTS = 3
 CUPTI_RETRY_PAUSE_S = 0.25
 
@@ -485,18 +491,27 @@ def _measure_gpu(callables, device, options, flush) -> dict[str, ViewResult]:
             time.sleep(CUPTI_RETRY_PAUSE_S)
         results = {name: ViewResult() for name in callables}
         try:
-            per_iteration, device_events, iters = _profile_session(callables, device, options, flush, results)
+            session = _profile_session(callables, device, options, flush, results)
         except Exception as err:
             reason = f"torch.profiler (CUPTI) failed: {describe_error(err)}"
             return {name: ViewResult(status="unavailable", reason=reason) for name in names}
-        if device_events:
+        if session.device_events and not session.unmatched_launches:
             break
     else:
-        reason = f"CUPTI recorded no device activity in {CUPTI_ATTEMPTS} sessions (is the profiler usable here?)"
-        return {name: ViewResult(status="unavailable", reason=reason) for name in names}
+        if not session.device_events:
+            reason = f"CUPTI recorded no device activity in {CUPTI_ATTEMPTS} sessions (is the profiler usable here?)"
+            return {name: ViewResult(status="unavailable", reason=reason) for name in names}
     for index, name in enumerate(names):
-        if results[name].status == "ok":
-            results[name].samples_us = [per_iteration.get((index, i), 0.0) for i in range(iters)]
+        if results[name].status != "ok":
+            continue
+        lost = sum(count for (which, _), count in session.unmatched_launches.items() if which == index)
+        if lost:
+            launched = sum(count for (which, _), count in session.launches.items() if which == index)
+            results[name] = ViewResult(status="error", reason=(
+                f"CUPTI lost the device record of {lost} of its {launched} kernel launches (and every one of "
+                f"{CUPTI_ATTEMPTS} profiler sessions lost one): its device time would be too low"))
+            continue
+        results[name].samples_us = [session.per_iteration.get((index, i), 0.0) for i in range(session.iters)]
     return results
 
 
@@ -511,14 +526,34 @@ def is_device_work(event) -> bool:
     return kind not in NOT_DEVICE_WORK
 
 
-def _profile_session(callables, device, options, flush, results):
-    """One torch.profiler session over the interleaved iterations: (per-iteration totals, device
-    events seen, iterations)."""
+@dataclass
+class DeviceAttribution:
+    """What one profiler session says per (callable index, iteration): device µs, kernel launches made
+    inside the iteration, and those launches with no device record (CUPTI lost it)."""
+
+    per_iteration: dict[tuple[int, int], float]
+    device_events: int
+    launches: dict[tuple[int, int], int] = field(default_factory=dict)
+    unmatched_launches: dict[tuple[int, int], int] = field(default_factory=dict)
+    iters: int = 0
+
+
+def _profile_session(callables, device, options, flush, results) -> DeviceAttribution:
+    """One torch.profiler session over the interleaved iterations, attributed per iteration."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     names = list(callables)
     iters = min(options.gpu_iters, options.iters)
     active = list(names)
+    # Untimed warm-up outside the profiler session, as in the other views: a callable's first calls
+    # compile (Triton), load its module and allocate, and none of that belongs in a sample.
+    for round_index in range(options.warmup):
+        for name in _rotation(active, round_index):
+            try:
+                callables[name]()
+            except Exception as err:
+                _fail(results[name], err, active, name)
+    torch.cuda.synchronize(device)
     with _cupti_torn_down_after(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for iteration in range(iters):
             for name in _rotation(active, iteration):
@@ -536,30 +571,56 @@ def _profile_session(callables, device, options, flush, results):
                 except Exception as err:
                     _fail(results[name], err, active, name)
         torch.cuda.synchronize(device)
-    per_iteration, device_events = _device_time_per_annotation(prof.profiler.kineto_results.events())
-    return per_iteration, device_events, iters
+    attribution = _device_time_per_annotation(prof.profiler.kineto_results.events())
+    attribution.iters = iters
+    return attribution
 
 
-def _device_time_per_annotation(kineto_events) -> tuple[dict[tuple[int, int], float], int]:
+def is_kernel_launch(name: str) -> bool:
+    """True for a CUDA runtime or driver call that launches one kernel (cudaLaunchKernel,
+    cudaLaunchKernelExC, cuLaunchKernel, cuLaunchKernelEx, the cooperative ones): each has exactly
+    one device record with its correlation id, unless CUPTI lost it."""
+    return name.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel",
+                            "cuLaunchCooperativeKernel"))
+
+
+def lost_kernel_records(kineto_events) -> int:
+    """Kernel launch calls in a profiler session whose device record never came (CUPTI lost it)."""
+    cpu_type = torch.autograd.DeviceType.CPU
+    launches, recorded = [], set()
+    for event in kineto_events:
+        if event.device_type() == cpu_type:
+            if is_kernel_launch(event.name()):
+                launches.append(event.correlation_id())
+        elif is_device_work(event):
+            recorded.add(event.correlation_id())
+    return sum(correlation not in recorded for correlation in launches)
+
+
+def _device_time_per_annotation(kineto_events) -> DeviceAttribution:
     """Sum device-event durations (µs) per (callable index, iteration) annotation.
 
     A device event is placed by the host time of the CUDA runtime / driver call that launched it
     (`cudaLaunchKernel`, `cuLaunchKernelEx`, `cudaGraphLaunch`…, which share its correlation id).
     Triton launches through the driver API with no torch op around them, so the launching op is
     not always known; the launch call always is. A launch outside every annotation (the L2 flush
-    between iterations) belongs to no iteration.
+    between iterations) belongs to no iteration. A kernel launch inside an annotation whose device
+    record never came is counted as unmatched: that iteration's sum is missing a kernel.
     """
     import bisect
 
     cpu_type = torch.autograd.DeviceType.CPU
     annotations = []  # (start_ns, end_ns, key)
     launch_start_by_correlation = {}
+    kernel_launches = []  # (start_ns, correlation id)
     device_events = []
     for event in kineto_events:
         name = event.name()
         if event.device_type() == cpu_type:
             if name.startswith("cu"):  # a CUDA runtime or driver API call
                 launch_start_by_correlation[event.correlation_id()] = event.start_ns()
+                if is_kernel_launch(name):
+                    kernel_launches.append((event.start_ns(), event.correlation_id()))
             elif name.startswith(_MARK):
                 index, iteration = name[len(_MARK):].split(":")
                 annotations.append((event.start_ns(), event.end_ns(), (int(index), int(iteration))))
@@ -567,15 +628,29 @@ def _device_time_per_annotation(kineto_events) -> tuple[dict[tuple[int, int], fl
             device_events.append(event)
     annotations.sort()
     starts = [start for start, _, _ in annotations]
-    totals: dict[tuple[int, int], float] = {}
+
+    def annotation_of(host_ns: int, strict_end: bool):
+        slot = bisect.bisect_right(starts, host_ns) - 1
+        if slot < 0:
+            return None
+        start_ns, end_ns, key = annotations[slot]
+        return None if strict_end and host_ns > end_ns else key
+
+    attribution = DeviceAttribution(per_iteration={}, device_events=len(device_events))
+    totals = attribution.per_iteration
     for event in device_events:
         launched_ns = launch_start_by_correlation.get(event.correlation_id())
         # Without its launch call, place it by its own start: iterations are serialised by a sync.
-        slot = bisect.bisect_right(starts, launched_ns if launched_ns is not None else event.start_ns()) - 1
-        if slot < 0:
+        # With it, a launch between iterations (the L2 flush) is part of none.
+        key = annotation_of(launched_ns if launched_ns is not None else event.start_ns(), launched_ns is not None)
+        if key is not None:
+            totals[key] = totals.get(key, 0.0) + event.duration_ns() / 1000.0
+    recorded = {event.correlation_id() for event in device_events}
+    for launched_ns, correlation in kernel_launches:
+        key = annotation_of(launched_ns, strict_end=True)
+        if key is None:
             continue
-        start_ns, end_ns, key = annotations[slot]
-        if launched_ns is not None and launched_ns > end_ns:
-            continue  # launched between iterations (the L2 flush): not part of any iteration
-        totals[key] = totals.get(key, 0.0) + event.duration_ns() / 1000.0
-    return totals, len(device_events)
+        attribution.launches[key] = attribution.launches.get(key, 0) + 1
+        if correlation not in recorded:
+            attribution.unmatched_launches[key] = attribution.unmatched_launches.get(key, 0) + 1
+    return attribution

@@ -140,9 +140,35 @@ def test_device_time_is_summed_per_annotation():
         _event(f"{mark}1:0", CPU, 20_000, 500, correlation=4),
         _event("orphan_kernel", CUDA, 20_600, 300, correlation=99),  # no launch call seen: own start time
     ]
-    totals, device_events = timing._device_time_per_annotation(events)
-    assert totals == {(0, 0): 3.0, (1, 0): 0.3}
-    assert device_events == 4
+    attribution = timing._device_time_per_annotation(events)
+    assert attribution.per_iteration == {(0, 0): 3.0, (1, 0): 0.3}
+    assert attribution.device_events == 4
+    assert attribution.launches == {(0, 0): 2} and attribution.unmatched_launches == {}
+
+
+def test_a_kernel_launch_without_its_device_record_is_counted_as_lost():
+    """Seen on the H200 host: CUPTI kept the launch call of every pass over the logits but none of
+    their kernel records, so the iteration summed the two later kernels alone. The flush's launch,
+    between iterations, and a non-launch runtime call count for no iteration."""
+    mark = timing._MARK
+    events = [
+        _event(f"{mark}0:0", CPU, 1_000, 500, correlation=1),
+        _event("cuLaunchKernelEx", CPU, 1_100, 10, correlation=11),  # pass 1: its record is lost
+        _event("cuLaunchKernelEx", CPU, 1_200, 10, correlation=12),
+        _event("cudaLaunchKernel", CPU, 1_300, 10, correlation=13),
+        _event("cudaStreamIsCapturing", CPU, 1_350, 1, correlation=14),
+        _event("scan_kernel", CUDA, 1_600, 3_000, correlation=12),
+        _event("race_kernel", CUDA, 4_700, 9_000, correlation=13),
+        _event("cudaLaunchKernel", CPU, 20_000, 10, correlation=30),  # the flush: its record lost too
+        _event(f"{mark}0:1", CPU, 30_000, 500, correlation=2),
+        _event("cudaLaunchKernelExC", CPU, 30_100, 10, correlation=41),
+        _event("one_kernel", CUDA, 30_400, 1_000, correlation=41),
+    ]
+    attribution = timing._device_time_per_annotation(events)
+    assert attribution.per_iteration == {(0, 0): 12.0, (0, 1): 1.0}
+    assert attribution.launches == {(0, 0): 3, (0, 1): 1}
+    assert attribution.unmatched_launches == {(0, 0): 1}
+    assert timing.lost_kernel_records(events) == 2  # the profile command's check: the flush's too
 
 
 def test_cupti_teardown_is_scoped_to_the_gpu_view_session(monkeypatch):
@@ -156,6 +182,11 @@ def test_cupti_teardown_is_scoped_to_the_gpu_view_session(monkeypatch):
     assert os.environ["TEARDOWN_CUPTI"] == "0"
 
 
+def _attribution(per_iteration, device_events, iters, unmatched=None):
+    launches = {key: 1 + (unmatched or {}).get(key, 0) for key in per_iteration}
+    return timing.DeviceAttribution(per_iteration, device_events, launches, dict(unmatched or {}), iters)
+
+
 def test_gpu_view_runs_a_silent_profiler_session_again(monkeypatch):
     """A session that records no device activity (CUPTI re-attaching) is retried, not reported as 0 µs."""
     sessions = []
@@ -163,18 +194,44 @@ def test_gpu_view_runs_a_silent_profiler_session_again(monkeypatch):
     def fake_session(callables, device, options, flush, results):
         sessions.append(1)
         if len(sessions) == 1:
-            return {}, 0, 2
-        return {(0, 0): 1.5, (0, 1): 2.5}, 2, 2
+            return _attribution({}, 0, 2)
+        return _attribution({(0, 0): 1.5, (0, 1): 2.5}, 2, 2)
 
     monkeypatch.setattr(timing, "_profile_session", fake_session)
     monkeypatch.setattr(timing, "CUPTI_RETRY_PAUSE_S", 0.0)
     result = timing._measure_gpu({"k": lambda: None}, "cuda", timing.TimingOptions(iters=2, gpu_iters=2), None)
     assert len(sessions) == 2 and result["k"].samples_us == [1.5, 2.5]
     sessions.clear()
-    monkeypatch.setattr(timing, "_profile_session", lambda *a: (sessions.append(1), ({}, 0, 2))[1])
+    monkeypatch.setattr(timing, "_profile_session", lambda *a: (sessions.append(1), _attribution({}, 0, 2))[1])
     result = timing._measure_gpu({"k": lambda: None}, "cuda", timing.TimingOptions(iters=2, gpu_iters=2), None)
     assert len(sessions) == timing.CUPTI_ATTEMPTS and result["k"].status == "unavailable"
 
+
+def test_gpu_view_never_reports_an_iteration_missing_a_kernel(monkeypatch):
+    """A session that lost a kernel's record is run again; a callable that loses one in every session
+    is an error with the reason, and the others keep their numbers."""
+    monkeypatch.setattr(timing, "CUPTI_RETRY_PAUSE_S", 0.0)
+    sessions = []
+
+    def lost_once(callables, device, options, flush, results):
+        sessions.append(1)
+        if len(sessions) == 1:
+            return _attribution({(0, 0): 14.0, (1, 0): 3.0}, 3, 1, unmatched={(0, 0): 1})
+        return _attribution({(0, 0): 52.0, (1, 0): 3.0}, 4, 1)
+
+    monkeypatch.setattr(timing, "_profile_session", lost_once)
+    options = timing.TimingOptions(iters=1, gpu_iters=1)
+    result = timing._measure_gpu({"a": lambda: None, "b": lambda: None}, "cuda", options, None)
+    assert len(sessions) == 2
+    assert result["a"].samples_us == [52.0] and result["b"].samples_us == [3.0]
+
+    sessions.clear()
+    monkeypatch.setattr(timing, "_profile_session", lambda *a: (
+        sessions.append(1), _attribution({(0, 0): 14.0, (1, 0): 3.0}, 3, 1, unmatched={(0, 0): 1}))[1])
+    result = timing._measure_gpu({"a": lambda: None, "b": lambda: None}, "cuda", options, None)
+    assert len(sessions) == timing.CUPTI_ATTEMPTS
+    assert result["a"].status == "error" and "lost the device record of 1 of its 2" in result["a"].reason
+    assert result["a"].samples_us == [] and result["b"].samples_us == [3.0]
 
 
 # --- noise-aware sampling: the criterion on synthetic samples -----------------------------------------
