@@ -84,6 +84,33 @@ def test_gpu_view_of_a_copy_is_nonzero_and_below_wall():
     assert len(measured["wall"].samples_us) == SHORT.iters
 
 
+def test_gpu_view_sees_every_kernel_launch_and_its_record():
+    """The lost-record check must recognise the launch calls this host really makes (cudaLaunchKernel for
+    torch's kernels, cuLaunchKernelEx for Triton's): two torch kernels and one Triton kernel per call are
+    three launches an iteration, every one with its device record."""
+    triton = pytest.importorskip("triton")
+    tl = pytest.importorskip("triton.language")
+
+    @triton.jit
+    def _add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) + 1, mask=offsets < n)
+
+    x = torch.zeros(4096, device=DEVICE)
+
+    def three_kernels():
+        x.mul_(2.0)
+        x.add_(1.0)
+        _add_one[(4,)](x, x.numel(), BLOCK=1024)
+
+    results = {"k": timing.ViewResult()}
+    attribution = timing._profile_session({"k": three_kernels}, DEVICE, SHORT, None, results)
+    assert results["k"].status == "ok"
+    assert attribution.launches == {(0, i): 3 for i in range(SHORT.gpu_iters)}
+    assert attribution.unmatched_launches == {}
+    assert all(attribution.per_iteration[(0, i)] > 0 for i in range(SHORT.gpu_iters))
+
+
 def test_launch_floor_is_measured_three_ways():
     floor = launch_floor(DEVICE)
     assert floor.run is not None, floor.reason
