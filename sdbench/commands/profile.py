@@ -340,7 +340,7 @@ def run_torch(run, iters: int) -> list[KernelTime]:
         torch.cuda.synchronize()
     from sdbench.measure.timing import CUPTI_ATTEMPTS, CUPTI_RETRY_PAUSE_S, lost_kernel_records
 
-    lost = 0
+    silent = lossy = 0
     for attempt in range(CUPTI_ATTEMPTS):  # a session can record nothing, or lose a kernel's records
         if attempt:
             time.sleep(CUPTI_RETRY_PAUSE_S)
@@ -349,12 +349,15 @@ def run_torch(run, iters: int) -> list[KernelTime]:
                 run()
             torch.cuda.synchronize()
         events = list(_device_events(prof))
-        lost = lost_kernel_records(prof.profiler.kineto_results.events())
-        if events and not lost:
+        if not events:
+            silent += 1
+        elif lost_kernel_records(prof.profiler.kineto_results.events()):
+            lossy += 1
+        else:
             return aggregate_kernels(events, iters)
-    if lost:
-        raise ToolFailed(f"CUPTI lost the device records of {lost} kernel launches (every one of {CUPTI_ATTEMPTS} "
-                         "sessions lost some): the per-kernel table would miss kernels")
+    if lossy:
+        raise ToolFailed(f"CUPTI lost kernel records in {lossy} of {CUPTI_ATTEMPTS} sessions and recorded nothing "
+                         f"in {silent}: the per-kernel table would miss kernels")
     raise ToolFailed(f"torch.profiler recorded no device activity in {CUPTI_ATTEMPTS} sessions (CUPTI unavailable?)")
 
 

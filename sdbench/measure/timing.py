@@ -17,8 +17,8 @@ Views (one per way a serving engine pays for the work):
            after untimed warm-up calls outside the profiler session. Warm L2: an untimed call of the
            same callable right before each timed one, so the L2 holds its own data, not the previous
            callable's. CUPTI can lose every record of one kernel in a session while keeping the others:
-           each kernel launch in an iteration must have its device record, or the session is run
-           again, and a callable still missing one gets no number.
+           each kernel launch in an iteration must have its device record, or that callable's session
+           is run again, and a callable that never gets a clean session is `unavailable`, not a number.
 - `cpu`:   on a CPU device, `time.perf_counter_ns` around each call.
 
 Every view runs its callables round-robin (the start rotates each round), so drift on a shared,
@@ -478,41 +478,55 @@ def _cupti_torn_down_after():
 # H100 host right after another session's teardown), or lose every record of one kernel while it
 # keeps the others (seen on the H200 host: a 37 µs pass over the logits missing from all ten
 # iterations of one design, which read 14 µs on a 36 µs floor). Either session is run again, after
-# a pause; a callable that still lacks a kernel's record gets no number.
+# a pause, for the callables it did not measure cleanly; one that never gets a clean session gets
+# no number.
 CUPTI_ATTEMPTS = 3
 CUPTI_RETRY_PAUSE_S = 0.25
 
 
 def _measure_gpu(callables, device, options, flush) -> dict[str, ViewResult]:
-    """CUPTI device time: each iteration inside a profiler annotation, its device work summed."""
-    names = list(callables)
+    """CUPTI device time: each iteration inside a profiler annotation, its device work summed.
+
+    Each callable keeps the samples of the first session in which every kernel it launched has its
+    device record; later sessions run only the callables still without one."""
+    settled: dict[str, ViewResult] = {}
+    silent_sessions = 0
+    lossy_sessions = {name: 0 for name in callables}
     for attempt in range(CUPTI_ATTEMPTS):
+        pending = [name for name in callables if name not in settled]
+        if not pending:
+            break
         if attempt:
             time.sleep(CUPTI_RETRY_PAUSE_S)
-        results = {name: ViewResult() for name in callables}
+        results = {name: ViewResult() for name in pending}
         try:
-            session = _profile_session(callables, device, options, flush, results)
+            session = _profile_session({name: callables[name] for name in pending}, device, options, flush, results)
         except Exception as err:
             reason = f"torch.profiler (CUPTI) failed: {describe_error(err)}"
-            return {name: ViewResult(status="unavailable", reason=reason) for name in names}
-        if session.device_events and not session.unmatched_launches:
+            settled.update({name: ViewResult(status="unavailable", reason=reason) for name in pending})
             break
-    else:
         if not session.device_events:
+            silent_sessions += 1
+            continue
+        for index, name in enumerate(pending):
+            if results[name].status != "ok":  # it raised: that is its result
+                settled[name] = results[name]
+            elif any(which == index for which, _ in session.unmatched_launches):
+                lossy_sessions[name] += 1
+            else:
+                results[name].samples_us = [session.per_iteration.get((index, i), 0.0) for i in range(session.iters)]
+                settled[name] = results[name]
+    for name in callables:
+        if name in settled:
+            continue
+        if lossy_sessions[name]:
+            reason = (f"CUPTI lost the device record of one of its kernel launches in {lossy_sessions[name]} of "
+                      f"{CUPTI_ATTEMPTS} profiler sessions and recorded nothing in {silent_sessions}: "
+                      "its device time would be too low")
+        else:
             reason = f"CUPTI recorded no device activity in {CUPTI_ATTEMPTS} sessions (is the profiler usable here?)"
-            return {name: ViewResult(status="unavailable", reason=reason) for name in names}
-    for index, name in enumerate(names):
-        if results[name].status != "ok":
-            continue
-        lost = sum(count for (which, _), count in session.unmatched_launches.items() if which == index)
-        if lost:
-            launched = sum(count for (which, _), count in session.launches.items() if which == index)
-            results[name] = ViewResult(status="error", reason=(
-                f"CUPTI lost the device record of {lost} of its {launched} kernel launches (and every one of "
-                f"{CUPTI_ATTEMPTS} profiler sessions lost one): its device time would be too low"))
-            continue
-        results[name].samples_us = [session.per_iteration.get((index, i), 0.0) for i in range(session.iters)]
-    return results
+        settled[name] = ViewResult(status="unavailable", reason=reason)
+    return {name: settled[name] for name in callables}
 
 
 # Device-side kineto events that are not device work: GPU spans of record_function ranges (torch.compile
@@ -551,9 +565,9 @@ def _profile_session(callables, device, options, flush, results) -> DeviceAttrib
         for name in _rotation(active, round_index):
             try:
                 callables[name]()
+                torch.cuda.synchronize(device)  # an asynchronous fault is this callable's
             except Exception as err:
                 _fail(results[name], err, active, name)
-    torch.cuda.synchronize(device)
     with _cupti_torn_down_after(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for iteration in range(iters):
             for name in _rotation(active, iteration):
@@ -578,8 +592,10 @@ def _profile_session(callables, device, options, flush, results) -> DeviceAttrib
 
 def is_kernel_launch(name: str) -> bool:
     """True for a CUDA runtime or driver call that launches one kernel (cudaLaunchKernel,
-    cudaLaunchKernelExC, cuLaunchKernel, cuLaunchKernelEx, the cooperative ones): each has exactly
-    one device record with its correlation id, unless CUPTI lost it."""
+    cudaLaunchKernelExC, cuLaunchKernel, cuLaunchKernelEx, the cooperative ones). A launch that ran has
+    one device record with its correlation id unless CUPTI lost it; one that failed, or was captured
+    into a CUDA graph, has none (the timed callables do neither: a failed launch raises, and capture
+    happens in their preparation)."""
     return name.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel",
                             "cuLaunchCooperativeKernel"))
 

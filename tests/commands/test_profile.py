@@ -324,3 +324,48 @@ def test_device_events_count_kernels_once():
               event("triton_poi_fused_eq_0", cuda, "kernel", 2500), event("Memset (Device)", cuda, "gpu_memset", 700)]
     prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: events)))
     assert list(profile._device_events(prof)) == [("triton_poi_fused_eq_0", 2500.0), ("Memset (Device)", 700.0)]
+
+
+# --- run_torch: a session that lost a kernel's record is not a profile --------------------------
+def _kineto_session(launches: int, records: int):
+    """A fake profiler session: `launches` kernel launch calls, the first `records` of them recorded."""
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(name, device, correlation):
+        return SimpleNamespace(name=lambda: name, device_type=lambda: device, correlation_id=lambda: correlation,
+                               duration_ns=lambda: 2_000)
+
+    events = [event("cudaLaunchKernel", cpu, 10 + i) for i in range(launches)]
+    events += [event(f"kernel_{i}", cuda, 10 + i) for i in range(records)]
+    profiler = SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: events))
+
+    class Session:
+        def __init__(self, **_):
+            self.profiler = profiler
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    return Session
+
+
+@pytest.mark.parametrize("sessions, expected", [
+    ([(2, 2), (2, 1), (2, 2)], "ok"),  # the warm-up session, one that lost a record, a clean one
+    ([(2, 2), (2, 1), (2, 0), (2, 1)], "CUPTI lost kernel records in 2 of 3 sessions and recorded nothing in 1"),
+    ([(2, 2), (2, 0), (2, 0), (2, 0)], "recorded no device activity in 3 sessions"),
+])
+def test_run_torch_retries_a_session_that_lost_a_kernel_record(monkeypatch, sessions, expected):
+    queue = [_kineto_session(*counts) for counts in sessions]
+    monkeypatch.setattr(torch.profiler, "profile", lambda **kw: queue.pop(0)(**kw))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr("sdbench.measure.timing.CUPTI_RETRY_PAUSE_S", 0.0)
+    if expected == "ok":
+        kernels = profile.run_torch(lambda: None, iters=1)
+        assert sorted(kernel.kernel for kernel in kernels) == ["kernel_0", "kernel_1"]
+        assert queue == []
+    else:
+        with pytest.raises(ToolFailed, match=expected):
+            profile.run_torch(lambda: None, iters=1)

@@ -111,6 +111,20 @@ def test_gpu_view_sees_every_kernel_launch_and_its_record():
     assert all(attribution.per_iteration[(0, i)] > 0 for i in range(SHORT.gpu_iters))
 
 
+def test_gpu_view_blames_a_failing_warm_up_on_its_callable():
+    """A callable that raises in the gpu view's warm-up is an error with its reason; the others are timed."""
+    x = torch.zeros(1024, device=DEVICE)
+
+    def fails():
+        raise RuntimeError("bad input")
+
+    options = timing.TimingOptions(warmup=3, iters=5, gpu_iters=5, views=("gpu",))
+    measured = timing.measure({"fails": fails, "adds": lambda: x.add_(1.0)}, DEVICE, options)
+    assert measured["fails"]["gpu"].status == "error" and "bad input" in measured["fails"]["gpu"].reason
+    assert measured["adds"]["gpu"].status == "ok" and len(measured["adds"]["gpu"].samples_us) == 5
+    assert all(sample > 0 for sample in measured["adds"]["gpu"].samples_us)
+
+
 def test_launch_floor_is_measured_three_ways():
     floor = launch_floor(DEVICE)
     assert floor.run is not None, floor.reason

@@ -208,30 +208,62 @@ def test_gpu_view_runs_a_silent_profiler_session_again(monkeypatch):
 
 
 def test_gpu_view_never_reports_an_iteration_missing_a_kernel(monkeypatch):
-    """A session that lost a kernel's record is run again; a callable that loses one in every session
-    is an error with the reason, and the others keep their numbers."""
+    """A callable whose session lost a kernel's record is timed again in a later session; one measured
+    cleanly keeps its first session's samples."""
     monkeypatch.setattr(timing, "CUPTI_RETRY_PAUSE_S", 0.0)
     sessions = []
 
     def lost_once(callables, device, options, flush, results):
-        sessions.append(1)
-        if len(sessions) == 1:
+        sessions.append(list(callables))
+        if len(sessions) == 1:  # a (index 0) lost a record, b (index 1) is clean
             return _attribution({(0, 0): 14.0, (1, 0): 3.0}, 3, 1, unmatched={(0, 0): 1})
-        return _attribution({(0, 0): 52.0, (1, 0): 3.0}, 4, 1)
+        return _attribution({(0, 0): 52.0}, 2, 1)
 
     monkeypatch.setattr(timing, "_profile_session", lost_once)
     options = timing.TimingOptions(iters=1, gpu_iters=1)
     result = timing._measure_gpu({"a": lambda: None, "b": lambda: None}, "cuda", options, None)
-    assert len(sessions) == 2
+    assert sessions == [["a", "b"], ["a"]]
     assert result["a"].samples_us == [52.0] and result["b"].samples_us == [3.0]
+    assert list(result) == ["a", "b"]
 
-    sessions.clear()
-    monkeypatch.setattr(timing, "_profile_session", lambda *a: (
-        sessions.append(1), _attribution({(0, 0): 14.0, (1, 0): 3.0}, 3, 1, unmatched={(0, 0): 1}))[1])
+
+def test_gpu_view_gives_no_number_to_a_callable_never_measured_cleanly(monkeypatch):
+    monkeypatch.setattr(timing, "CUPTI_RETRY_PAUSE_S", 0.0)
+    sessions = []
+
+    def lossy_silent_lossy(callables, device, options, flush, results):
+        sessions.append(list(callables))
+        if len(sessions) == 1:
+            return _attribution({(0, 0): 14.0, (1, 0): 3.0}, 3, 1, unmatched={(0, 0): 1})
+        if len(sessions) == 2:
+            return _attribution({}, 0, 1)  # CUPTI recorded nothing
+        return _attribution({(0, 0): 14.0}, 2, 1, unmatched={(0, 0): 1})
+
+    monkeypatch.setattr(timing, "_profile_session", lossy_silent_lossy)
+    options = timing.TimingOptions(iters=1, gpu_iters=1)
     result = timing._measure_gpu({"a": lambda: None, "b": lambda: None}, "cuda", options, None)
-    assert len(sessions) == timing.CUPTI_ATTEMPTS
-    assert result["a"].status == "error" and "lost the device record of 1 of its 2" in result["a"].reason
-    assert result["a"].samples_us == [] and result["b"].samples_us == [3.0]
+    assert sessions == [["a", "b"], ["a"], ["a"]]
+    assert result["a"].status == "unavailable" and result["a"].samples_us == []
+    assert "in 2 of 3 profiler sessions and recorded nothing in 1" in result["a"].reason
+    assert result["b"].status == "ok" and result["b"].samples_us == [3.0]
+
+
+def test_gpu_view_keeps_the_error_of_a_callable_that_raised(monkeypatch):
+    """A callable that raised inside a session has that error as its result, and is not run again."""
+    monkeypatch.setattr(timing, "CUPTI_RETRY_PAUSE_S", 0.0)
+    sessions = []
+
+    def one_raises(callables, device, options, flush, results):
+        sessions.append(list(callables))
+        timing._fail(results["bad"], RuntimeError("boom"), list(callables), "bad")
+        return _attribution({(0, 0): 2.0}, 1, 1)
+
+    monkeypatch.setattr(timing, "_profile_session", one_raises)
+    options = timing.TimingOptions(iters=1, gpu_iters=1)
+    result = timing._measure_gpu({"good": lambda: None, "bad": lambda: None}, "cuda", options, None)
+    assert sessions == [["good", "bad"]]
+    assert result["good"].samples_us == [2.0]
+    assert result["bad"].status == "error" and "boom" in result["bad"].reason
 
 
 # --- noise-aware sampling: the criterion on synthetic samples -----------------------------------------
