@@ -649,7 +649,7 @@ def _device_time_per_annotation(kineto_events) -> DeviceAttribution:
         slot = bisect.bisect_right(starts, host_ns) - 1
         if slot < 0:
             return None
-        start_ns, end_ns, key = annotations[slot]
+        _, end_ns, key = annotations[slot]
         return None if strict_end and host_ns > end_ns else key
 
     attribution = DeviceAttribution(per_iteration={}, device_events=len(device_events))
