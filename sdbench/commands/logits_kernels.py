@@ -12,7 +12,9 @@ below one wave),
 `r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
 `race` / `cdf` (how fast mode draws the residual token: the exponential race or by inversion), `combine` /
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
-unless a scan is named); `default` changes nothing.
+unless a scan is named), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
+`r<ROWS>x<N>`, `lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N
+registers a thread); `default` changes nothing.
 Each (point, variant, L2) prints one line: the kernels' CUPTI durations, each the median over the timed
 calls times its launches per call, fast randomness. The rows are written as JSON (--out).
 """
@@ -68,6 +70,12 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             changes["sample"] = part
         elif part in ("combine", "nocombine"):
             changes["combine"] = part == "combine"
+        elif part == "one":
+            changes["single"] = True
+        elif part.startswith("reg"):
+            changes["maxnreg"] = int(part[3:])
+        elif part.startswith("lag"):
+            changes["lag"] = min(int(part[3:]), batch)  # (lag<N> beyond B: every race after all of pass 1)
         elif part.startswith("span"):
             span = max(tile, int(part[4:]) // tile * tile)
             changes["stats_plan_"] = tk.StatsPlan(span, triton.cdiv(vocab, span), step, warps)

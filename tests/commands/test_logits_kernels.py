@@ -26,6 +26,12 @@ def test_parts_combine_into_launcher_arguments():
     assert 32 * race.programs <= 8 * 132
 
 
+def test_one_launch_parts():
+    changes = plan_changes("one+lag3+span8192+reg56", 32, 8, 128256, 132)
+    assert changes == {"single": True, "lag": 3, "maxnreg": 56, "stats_plan_": tk.StatsPlan(span=8192, splits=16)}
+    assert plan_changes("one+lag100000", 32, 8, 128256, 132)["lag"] == 32  # at most B
+
+
 @pytest.mark.parametrize("variant", ["nocombine+scan-pass1", "scan-pass1+nocombine"])
 def test_a_named_scan_holds_whatever_the_order(variant):
     assert plan_changes(variant, 32, 8, 128256, 132)["scan"] == "pass1"

@@ -307,3 +307,99 @@ def _chunk_shifted(outputs: dict[str, torch.Tensor]) -> torch.Tensor:
     rows = torch.arange(tokens.shape[0])
     tokens[rows, k] = (tokens[rows, k] + 2) % 16
     return tokens
+
+
+# --- the one launch (fused_logits_launcher(single=True)): pass 1 and the race in one grid ----------------
+ONE_LAUNCH_POINTS = [(1, 16, 151936, "bfloat16"), (32, 8, 32000, "bfloat16"), (32, 4, 128256, "float32"),
+                     (128, 4, 128256, "bfloat16"), (512, 4, 32000, "bfloat16")]
+
+
+def _one_launch_inputs(w):
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+
+    return kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                 w.draft_temperature, w.uniforms, w.exponential_noise)
+
+
+@pytest.mark.parametrize("point", ONE_LAUNCH_POINTS, ids=lambda p: "b{}-g{}-v{}-{}".format(*p))
+def test_one_launch_equals_the_reference(point):
+    """Supplied randomness, where the race programs really wait on pass-1 programs still running: tokens,
+    lengths and the bad id's flag equal the float32 reference, at the default lag B (every race after all of
+    pass 1), at lag 1 (each race right behind the next sequence's pass 1, so most of them wait) and B/3."""
+    from sdbench.ops.prob_verify_logits import reference
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    batch, gamma, vocab, dtype = point
+    w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, seed=60), DEVICE)
+    w.draft_tokens[batch - 1, 0] = vocab  # a bad id in the last sequence, the one raced last
+    want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                        w.draft_temperature, w.uniforms, w.exponential_noise)
+    for lag in (None, 1, max(1, batch // 3)):
+        outputs = allocate_outputs(w)
+        parity.poison(outputs)
+        launch = kernels.fused_logits_launcher(_one_launch_inputs(w), outputs, fast=False, single=True, lag=lag)
+        launch()
+        launch()  # a second call on the same scratch: the done counts were reset
+        torch.cuda.synchronize()
+        assert torch.equal(outputs["output_tokens"], want["output_tokens"]), (lag, launch.lag)
+        assert torch.equal(outputs["accepted_lengths"], want["accepted_lengths"]), (lag, launch.lag)
+        flags = outputs["error_flags"].tolist()
+        assert flags[batch - 1] != 0 and not any(flags[:batch - 1]), (lag, flags)
+        assert not any(counter.any() for counter in launch.scratch), lag
+
+
+@pytest.mark.parametrize("point", ONE_LAUNCH_POINTS, ids=lambda p: "b{}-g{}-v{}-{}".format(*p))
+def test_one_launch_draws_what_two_launches_draw(point):
+    """Fast mode, five calls in a row: every call's tokens equal the two-launch design's at the same Philox
+    offsets (the same accept uniforms, the same chunking of the inversion), the offsets advance once a call,
+    and the scratch is left zeroed. Under sync-debug "error": no host sync."""
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    batch, gamma, vocab, dtype = point
+    w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, seed=61),
+                             DEVICE).with_randomness("fast")
+    two_out, one_out = allocate_outputs(w), allocate_outputs(w)
+    two = kernels.fused_logits_launcher(_one_launch_inputs(w), two_out, fast=True, seed=w.seed, offset=w.offset)
+    one = kernels.fused_logits_launcher(_one_launch_inputs(w), one_out, fast=True, seed=w.seed, offset=w.offset,
+                                        single=True)
+    assert one.plans[1].rows == two.plans[1].rows  # the inversion's chunks: the same columns, the same masses
+    for call in range(5):
+        parity.poison(one_out)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            two()
+            one()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        for key, value in two_out.items():
+            assert torch.equal(one_out[key], value), (call, key)
+    assert torch.equal(one.philox_offsets, two.philox_offsets)
+    assert bool((one.philox_offsets == w.offset + 5).all())
+    assert not any(counter.any() for counter in one.scratch)
+
+
+def test_one_launch_replays_in_a_graph():
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    w = make_logits_workload(LogitsConfig(32, 8, vocab_size=32000, seed=62), DEVICE).with_randomness("fast")
+    outputs = allocate_outputs(w)
+    launch = kernels.fused_logits_launcher(_one_launch_inputs(w), outputs, fast=True, seed=w.seed, offset=w.offset,
+                                           single=True)
+    launch()
+    expected = _snapshot(outputs)
+    graph = torch.cuda.CUDAGraph()
+    launch.philox_offsets.fill_(w.offset)
+    with torch.cuda.graph(graph):
+        launch()
+    parity.poison(outputs)
+    launch.philox_offsets.fill_(w.offset)
+    graph.replay()
+    torch.cuda.synchronize()
+    for key, value in expected.items():
+        assert torch.equal(outputs[key], value), key
+    assert bool((launch.philox_offsets == w.offset + 1).all())
+    assert not any(counter.any() for counter in launch.scratch)

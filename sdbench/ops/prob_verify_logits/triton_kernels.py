@@ -38,6 +38,10 @@ float32 rounding, see reference.py):
   race does at k. The race keys are not drawn in the mass pass for every candidate row (γ-1 rows of
   Philox draws and divisions per column would make it compute-bound): row τ is read again, as row k is.
   RULE is a constexpr: the token path compiles to the same code as before the block rule existed.
+- fused_logits with single=True (an experiment, not a default; docs/perf-notes.md, "Session 17"): pass 1's
+  and the race's programs in one grid (`_one_launch_kernel`), a race program waiting on its sequence's pass-1
+  programs through a count in memory. The kernels' bodies are `_row_stats_program` and `_race_program`, which
+  the two-launch kernels call with their program ids.
 - vllm_v2_style (the peer, 4 launches): the multi-kernel design described for vLLM's model runner v2
   rejection sampler (vllm/v1/worker/gpu/sample: block max / sum-exp over vocabulary tiles, a
   per-request accept scan, a Gumbel-max resample of the rejected row), re-implemented here from that
@@ -103,6 +107,7 @@ STATS_PER_SM_GUESS = 12  # pass 1's resident programs per SM before it is compil
 RACE_PER_SM_GUESS = 8  # the race's, likewise (64 registers at 1024-column chunks)
 RACE_MIN_PROGRAMS = 4  # race programs a sequence at the least, whatever the wave (race_steps)
 RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
+SINGLE_WARPS = 4  # one launch: pass 1's warps; the race's programs run with them too
 
 
 @triton.jit
@@ -150,9 +155,9 @@ def _fold_tile(x, m, s, arg, first_cols, scale, greedy, FTZ: tl.constexpr):
 
 
 # --- pass 1: per-row (max, Σexp, argmax) partials -----------------------------------------------
-@triton.jit(do_not_specialize=["seed"])
-def _row_stats_kernel(
-    target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
+@triton.jit
+def _row_stats_program(
+    row, split, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
     row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr,
     draft_tokens_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr,
     seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
@@ -160,7 +165,7 @@ def _row_stats_kernel(
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr,
 ):
-    """Grid (B·(2γ+1), splits). Program (row, s): columns [s·span, min((s+1)·span, V)) of one row, TILE
+    """Pass 1's program (row, s), grid (B·(2γ+1), splits) in `_row_stats_kernel`: columns [s·span, min((s+1)·span, V)) of one row, TILE
     at a time, as TILE/VEC lanes of VEC adjacent logits (one 16-byte load a lane: VEC = 8 bf16 or 4 fp32).
     Each lane keeps its own running max m and Σexp(z - m) (and, on a greedy row, the first column of its
     max), folding in its VEC logits of a tile at once (`_fold_tile`), so the loop needs no reduction
@@ -180,8 +185,6 @@ def _row_stats_kernel(
     SCAN (fused_logits, token rule; needs COMBINE): the sequence's last row to be combined (a second arrival
     counter, per sequence) runs the accept scan once for the sequence (`_scan_in_pass_one`), so the race's
     programs start from k instead of each gathering 2γ logits and scanning."""
-    row = tl.program_id(0)
-    split = tl.program_id(1)
     b = (row // (2 * GAMMA + 1)).to(tl.int64)
     r = row % (2 * GAMMA + 1)
     if r <= GAMMA:
@@ -257,6 +260,25 @@ def _row_stats_kernel(
                                       GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
 
 
+@triton.jit(do_not_specialize=["seed"])
+def _row_stats_kernel(
+    target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
+    row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr,
+    draft_tokens_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr,
+    seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
+    GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
+    FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr,
+):
+    """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s."""
+    _row_stats_program(
+        tl.program_id(0), tl.program_id(1), target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr,
+        stats_sum_ptr, stats_arg_ptr, row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr, draft_tokens_ptr,
+        uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, seed, vocab, span, splits,
+        stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b, GAMMA, TILE, COMBINE,
+        SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2)
+
+
 @triton.jit
 def _scan_in_pass_one(row_max_ptr, row_sum_ptr, row_arg_ptr, draft_tokens_ptr, target_ptr, draft_ptr,
                       target_temp_ptr, draft_temp_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr,
@@ -289,15 +311,17 @@ def _scan_in_pass_one(row_max_ptr, row_sum_ptr, row_arg_ptr, draft_tokens_ptr, t
 
 @triton.jit
 def _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
-                    GAMMA: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    """Row max M, Σexp(z - M) S and first argmax A of sequence b's 2γ+1 rows ([R_PAD] each)."""
+                    GAMMA: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
+    """Row max M, Σexp(z - M) S and first argmax A of sequence b's 2γ+1 rows ([R_PAD] each). CACHE ".cg" where
+    the partials were written in the same launch (`_one_launch_kernel`): read from L2, never a stale L1 line;
+    "" otherwise (a constexpr with no default: Triton 3.6 does not wrap a default string as a constexpr)."""
     rows = tl.arange(0, R_PAD)[:, None]
     parts = tl.arange(0, SPLITS_PAD)[None, :]
     valid = (rows < 2 * GAMMA + 1) & (parts < splits)
     index = (b * (2 * GAMMA + 1) + rows) * splits + parts
-    m = tl.load(stats_max_ptr + index, mask=valid, other=float("-inf"))
-    s = tl.load(stats_sum_ptr + index, mask=valid, other=0.0)
-    a = tl.load(stats_arg_ptr + index, mask=valid, other=NO_INDEX)
+    m = tl.load(stats_max_ptr + index, mask=valid, other=float("-inf"), cache_modifier=CACHE)
+    s = tl.load(stats_sum_ptr + index, mask=valid, other=0.0, cache_modifier=CACHE)
+    a = tl.load(stats_arg_ptr + index, mask=valid, other=NO_INDEX, cache_modifier=CACHE)
     row_max = tl.max(m, axis=1)
     scaled = tl.where(valid, s * tl.exp(m - row_max[:, None]), 0.0)
     row_sum = tl.sum(scaled, axis=1)
@@ -462,7 +486,7 @@ def _block_mass_kernel(
     greedy_t, greedy_d = temperature_t == 0, temperature_d == 0
     inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
     row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
-                                                GAMMA, R_PAD, SPLITS_PAD)
+                                                GAMMA, R_PAD, SPLITS_PAD, "")
     p_at, q_at, _, _ = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max, row_sum,
                                           row_arg, inverse_t, inverse_d, greedy_t, greedy_d, stride_tok_b,
                                           stride_p_b, stride_p_row, stride_q_b, stride_q_row,
@@ -662,7 +686,7 @@ def _scan_kernel(
     offset = _philox_offset(offsets_ptr, b, FAST)
     temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
     row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
-                                                GAMMA, R_PAD, SPLITS_PAD)
+                                                GAMMA, R_PAD, SPLITS_PAD, "")
     k, _, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum,
                              row_arg, _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
                              temperature_t == 0, temperature_d == 0, seed, offset,
@@ -682,9 +706,9 @@ def _scan_kernel(
 
 
 # --- the race pass (fused_logits): scan + split race + atomic combine ---------------------------
-@triton.jit(do_not_specialize=["seed"])
-def _logits_race_kernel(
-    draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
+@triton.jit
+def _race_program(
+    b, chunk, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
     chunk_mass_ptr, seed, vocab, mass_splits, chunks, stats_splits,
@@ -692,9 +716,10 @@ def _logits_race_kernel(
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
-    STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr,
+    STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, STATS_CACHE: tl.constexpr,
 ):
-    """Grid (B, chunks); program (b, c) owns STEPS chunks of 4·ROWS columns of the stopping row, columns
+    """The race's program (b, c), grid (B, chunks) in `_logits_race_kernel`; returns whether it arrived last.
+    It owns STEPS chunks of 4·ROWS columns of the stopping row, columns
     [c·STEPS·4·ROWS, (c+1)·STEPS·4·ROWS): at large B, where the chunks alone would fill the machine many
     times over, more chunks per program pay the stop's loads once for all of them. `chunks` is the number
     of programs per row (the arrivals to wait for). stats_*_ptr hold one (max, Σexp, argmax) per logits row.
@@ -713,7 +738,7 @@ def _logits_race_kernel(
     compiles only its own code.
     Fast mode draws at the Philox offset offsets_ptr[b] (int64 [B]), which the last arrival advances by one,
     as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work."""
-    b = tl.program_id(0).to(tl.int64)
+    b = b.to(tl.int64)
     offset = _philox_offset(offsets_ptr, b, FAST)
     noise_row = noise_ptr + b * stride_e_b
     temperature_t = tl.load(target_temp_ptr + b)
@@ -732,7 +757,7 @@ def _logits_race_kernel(
         # every row's stats at once, independent of the stop (one L2 round trip beside the stop's, not after it)
         # (stats_splits > 1: pass 1 left its partials uncombined, `fused_logits_launcher`'s combine=False)
         row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, stats_splits,
-                                                    GAMMA, R_PAD, STATS_PAD)
+                                                    GAMMA, R_PAD, STATS_PAD, STATS_CACHE)
         if SCANNED:  # token rule, pass 1 ran the scan
             k = tl.load(stop_ptr + b)
             target_scale = 1.0
@@ -760,7 +785,7 @@ def _logits_race_kernel(
     if temperature_t != 0:  # a greedy target's next token is the argmax of row k: no race, no row read
         if CDF:  # fast mode by inversion: each chunk's residual mass; the last arrival draws (`_cdf_pick`)
             # lanes of VEC adjacent columns (16 bytes: one load a lane and row); no noise, so no groups of 4
-            first = tl.program_id(1) * STEPS
+            first = chunk * STEPS
             lanes = tl.arange(0, 4 * ROWS // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]
             cols = first * (4 * ROWS) + lanes  # past V: masked, nothing read, mass 0
             z_t, z_d = _row_logits(target_row, draft_row, cols, vocab, has_draft, greedy_d)
@@ -774,7 +799,7 @@ def _logits_race_kernel(
         else:
             best = tl.full([ROWS, 4], -1, tl.int64)  # below every positive key; a max <= 0 means "no w > 0"
             for step in range(STEPS):
-                start = (tl.program_id(1) * STEPS + step) * (4 * ROWS)
+                start = (chunk * STEPS + step) * (4 * ROWS)
                 cols = _chunk_columns(start, ROWS)  # past V: masked, nothing read, key -1
                 noise = _race_noise(noise_row, b, start, cols, vocab, seed, offset, ROWS, PRECISE_MATH, FAST)
                 # block: at τ < γ the target row is scaled by w_τ; the bonus row (τ = γ) is p_γ as it is
@@ -783,8 +808,8 @@ def _logits_race_kernel(
                                  RULE == "block")
                 best = tl.maximum(best, keys)
             tl.atomic_max(best_ptr + b, tl.max(tl.max(best, axis=1), axis=0), sem="relaxed")
-    arrived = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
-    if arrived == chunks - 1:
+    last = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel") == chunks - 1
+    if last:
         if greedy_t:
             next_token = arg_t.to(tl.int64)
         elif CDF:  # (a greedy target skipped the masses: its branch above is the same scalar test)
@@ -809,6 +834,99 @@ def _logits_race_kernel(
         _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
                    GAMMA, GAMMA_PAD)
         _release(arrivals_ptr, offsets_ptr, b, offset, FAST)
+    return last
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _logits_race_kernel(
+    draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
+    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
+    accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
+    chunk_mass_ptr, seed, vocab, mass_splits, chunks, stats_splits,
+    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
+    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
+    MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
+    FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
+    STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr,
+):
+    """The race as a launch of its own: program (b, c) is `_race_program`'s."""
+    _race_program(
+        tl.program_id(0), tl.program_id(1), draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr,
+        uniforms_ptr, noise_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
+        accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
+        chunk_mass_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b, stride_p_b, stride_p_row,
+        stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, ROWS,
+        STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC, "")
+
+
+# --- one launch (fused_logits single=True): pass 1 and the race in one grid, sequence by sequence --------------------
+@triton.jit(do_not_specialize=["seed"])
+def _one_launch_kernel(
+    draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
+    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr,
+    error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr, chunk_mass_ptr, done_ptr,
+    seed, batch, vocab, span, splits, chunks, lag,
+    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
+    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, TILE: tl.constexpr, VEC: tl.constexpr,
+    ROWS: tl.constexpr, STEPS: tl.constexpr, RACE_VEC: tl.constexpr, PRECISE_MATH: tl.constexpr,
+    FAST: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr, STATS_PAD: tl.constexpr,
+):
+    """Grid (B·((2γ+1)·splits + chunks),): pass 1's programs and the race's in one launch (token rule), so a
+    sequence's race reads its rows k while they are still in L2 and runs beside later sequences' pass 1, and
+    no launch boundary separates the two (the two-launch design re-reads rows k from DRAM once pass 1 has
+    streamed every other row through the L2, and its race's latency chain starts only after pass 1's last
+    wave). The programs, in index order: pass 1 of sequences 0..lag-1; then for g = lag..B-1, pass 1 of
+    sequence g followed by the race of sequence g - lag; then the races of the last `lag` sequences. A pass-1
+    program is `_row_stats_program` (its partials, uncombined) and counts itself done for its sequence
+    (done_ptr, int32 [B], release); a race program waits until its sequence's (2γ+1)·splits pass-1 programs
+    are done (acquire), then is `_race_program` with the scan in every program (scan "race"; the partials read
+    from L2). A race program waits only on programs of lower index, which the GPU dispatched no earlier
+    (blocks start in index order, as the verify_pack scan and CUB's single-pass scan rely on), and a pass-1
+    program waits on nothing: no deadlock whatever is resident. `lag` sequences between a sequence's pass 1
+    and its race give its pass 1 about one wave of programs to finish before its race programs take slots to
+    wait in. The sequence's last race arrival resets its done count (every program of the sequence has read
+    it), so the next launch or graph replay starts clean.
+    Measured on the H200 (docs/perf-notes.md, "Session 17"): no faster than the two launches where it matters. A
+    lag below B was slower than lag B (race programs waiting in slots pass 1 needs), and at lag B the rows k come
+    from DRAM as in the two-launch design; fused_logits does not use it by default."""
+    t = tl.program_id(0)
+    pass_items = (2 * GAMMA + 1) * splits
+    group = pass_items + chunks
+    head = lag * pass_items  # sequences 0..lag-1: pass 1 only
+    middle = (batch - lag) * group
+    in_head = t < head
+    in_tail = t >= head + middle
+    u = tl.maximum(t - head, 0)
+    g = lag + u // group
+    w = u % group
+    v = tl.maximum(t - head - middle, 0)
+    is_pass = in_head | (~in_tail & (w < pass_items))
+    seq = tl.where(in_head, t // pass_items, tl.where(in_tail, batch - lag + v // chunks,
+                                                      tl.where(w < pass_items, g, g - lag)))
+    item = tl.where(in_head, t % pass_items, tl.where(in_tail, v % chunks,
+                                                      tl.where(w < pass_items, w, w - pass_items)))
+    if is_pass:
+        # (COMBINE and SCAN off: the pointers after stats_arg_ptr are never touched; int32 ones stand in)
+        _row_stats_program(
+            seq * (2 * GAMMA + 1) + item // splits, item % splits, target_ptr, draft_ptr, target_temp_ptr,
+            draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
+            arrivals_ptr, draft_tokens_ptr, uniforms_ptr, offsets_ptr, arrivals_ptr, arrivals_ptr, error_flags_ptr,
+            seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
+            GAMMA, TILE, False, 1, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH)
+        tl.atomic_add(done_ptr + seq, 1, sem="release")  # after this program's partial
+    else:
+        done = tl.atomic_add(done_ptr + seq, 0, sem="acquire")
+        while done < pass_items:
+            done = tl.atomic_add(done_ptr + seq, 0, sem="acquire")
+        last = _race_program(
+            seq, item, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr,
+            noise_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stats_max_ptr, arrivals_ptr, stats_max_ptr,
+            accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr,
+            offsets_ptr, chunk_mass_ptr, seed, vocab, 1, chunks, splits, stride_tok_b, stride_p_b, stride_p_row,
+            stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, 1, ROWS, STEPS,
+            PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg")
+        if last:
+            tl.store(done_ptr + seq, 0)
 
 
 # --- vllm_v2_style: Gumbel resample per block, finish (its scan: `_scan_kernel`) --------------------------------
@@ -1093,7 +1211,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           offset: int = 0, stats_plan_: StatsPlan | None = None, rule: str = "token",
                           mass_plan: StatsPlan | None = None, race_plan: RacePlan | None = None,
                           scan: str | None = None, sample: str | None = None, combine: bool | None = None,
-                          stats_max_splits: int = STATS_SPLITS_BELOW_WAVE):
+                          stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
+                          lag: int | None = None, maxnreg: int | None = None):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1105,7 +1224,20 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     combines the row's partials (an arrival atomic per program), or (False) every race program combines
     them; None: `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
     Plans left None are sized on a GPU to the kernels as they compiled (their resident programs per SM);
-    stats_max_splits caps pass 1's splits below one wave (`stats_plan`)."""
+    stats_max_splits caps pass 1's splits below one wave (`stats_plan`).
+    single (token rule): pass 1 and the race in one launch (`_one_launch_kernel`; the scan in every race
+    program), `lag` sequences between a sequence's pass 1 and its race (None: B, every race after pass 1),
+    maxnreg: a cap on the one kernel's registers a thread (ptxas spills above it). An experiment, not a default
+    (docs/perf-notes.md, "Session 17")."""
+    if single:
+        if rule != "token" or scan is not None or combine is not None or mass_plan is not None:
+            raise ValueError("single=True is the token rule with the scan in the race: no scan, combine or mass "
+                             "plan to choose")
+        if stats_max_splits != STATS_SPLITS_BELOW_WAVE:
+            raise ValueError("stats_max_splits shapes the two-launch pass-1 plan; single=True plans its own")
+        return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
+    if lag is not None or maxnreg is not None:
+        raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if scan not in (None, "kernel", "race", "pass1"):
@@ -1221,6 +1353,80 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     launch.plans = (plan, race)
     launch.stats_launch, launch.race_launch = stats_launch, race_launch
     launch.programs_per_sm = None  # set by fused_logits_launcher where it sized the plans to compiled kernels
+    return launch
+
+
+def _one_launch_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
+                         plan: StatsPlan | None, race: RacePlan | None, sample: str | None, lag: int | None,
+                         maxnreg: int | None = None):
+    """fused_logits_launcher(single=True): plans sized to the one kernel as it compiled (a plan given is kept)."""
+    batch, gamma, vocab = t.shape
+    device = t.draft_tokens.device
+    element_size = t.target_logits.element_size()
+    launch = _one_launch(t, outputs, fast, seed, offset,
+                         plan or default_stats_plan(batch, gamma, vocab, device, element_size=element_size),
+                         race or default_race_plan(batch, vocab, device), sample, lag, maxnreg)
+    if device.type == "cuda" and not INTERPRETED and (plan is None or race is None):
+        per_sm = launch.stats_launch.programs_per_sm()
+        if per_sm is not None:
+            better = (plan or default_stats_plan(batch, gamma, vocab, device, per_sm=per_sm, element_size=element_size),
+                      race or default_race_plan(batch, vocab, device, per_sm=per_sm))
+            if better != launch.plans:
+                launch = _one_launch(t, outputs, fast, seed, offset, *better, sample, lag, maxnreg)
+            launch.programs_per_sm = (per_sm, per_sm)
+    return launch
+
+
+def _one_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
+                plan: StatsPlan, race: RacePlan, sample: str | None, lag: int | None,
+                maxnreg: int | None = None):
+    """The one-launch grid with every choice made (`_one_launch_kernel`); lag None: B."""
+    cdf = fast and sample != "race"
+    batch, gamma, vocab = t.shape
+    device = t.draft_tokens.device
+    if plan.tile is not None or plan.num_warps is not None:
+        raise ValueError("the one launch steps pass 1 in its dtype's 4 KiB at SINGLE_WARPS warps")
+    partials = allocate_stats(batch, gamma, plan.splits, device)
+    best = torch.zeros(batch, dtype=torch.int64, device=device)
+    arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
+    done = torch.zeros(batch, dtype=torch.int32, device=device)
+    chunks = race.programs * race.steps
+    chunk_mass = torch.empty(batch * chunks if cdf else 1, dtype=torch.float32, device=device)
+    offsets = philox_offsets(batch, offset, device)
+    pass_items = (2 * gamma + 1) * plan.splits
+    lag = batch if lag is None else lag  # every race after all of pass 1: measured the fastest order
+    if not 1 <= lag <= batch:
+        raise ValueError(f"lag must be in [1, B = {batch}], got {lag}")
+    args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
+            t.exponential_noise, *partials, outputs["accepted_lengths"], outputs["next_tokens"],
+            outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, chunk_mass, done, seed, batch,
+            vocab, plan.span, plan.splits, race.programs, lag, t.draft_tokens.stride(0), t.target_logits.stride(0),
+            t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0),
+            t.exponential_noise.stride(0), outputs["output_tokens"].stride(0))
+    warps = SINGLE_WARPS if not INTERPRETED else 1
+    element_size = t.target_logits.element_size()
+    meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
+                TILE=stats_tile(element_size), VEC=16 // element_size,
+                ROWS=race.rows, STEPS=race.steps,
+                RACE_VEC=max(1, min(16 // element_size, 4 * race.rows // (32 * warps))),
+                PRECISE_MATH=_precise_math(device), FAST=fast, CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
+                STATS_PAD=triton.next_power_of_2(plan.splits), num_warps=warps)
+    if maxnreg is not None and not INTERPRETED:
+        meta["maxnreg"] = maxnreg
+    one = BoundLaunch(_one_launch_kernel, (batch * (pass_items + race.programs),), args, meta, device)
+
+    def launch() -> None:
+        one()
+
+    launch.scratch = (best, arrivals, done)  # tests check they are left zeroed
+    launch.scan = "race"
+    launch.single = True
+    launch.lag = lag
+    launch.sample = "cdf" if cdf else "race"
+    launch.philox_offsets = offsets
+    launch.plans = (plan, race)
+    launch.stats_launch = launch.race_launch = one
+    launch.programs_per_sm = None
     return launch
 
 

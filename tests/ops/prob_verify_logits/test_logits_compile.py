@@ -20,6 +20,7 @@ POINTER_TYPES = {  # the dtypes fused_logits_launcher passes (logits: bf16 here)
     "row_arg_ptr": "*i32", "arrivals_ptr": "*i32", "accepted_lengths_ptr": "*i64", "next_tokens_ptr": "*i64",
     "output_tokens_ptr": "*i64", "error_flags_ptr": "*i32", "best_ptr": "*i64", "offsets_ptr": "*i64",
     "stop_ptr": "*i32", "sequence_arrivals_ptr": "*i32", "chunk_mass_ptr": "*fp32", "stop_stats_ptr": "*fp32",
+    "done_ptr": "*i32",
 }
 SCALARS = {"seed": "i64"}  # every other scalar argument: i32
 
@@ -82,3 +83,12 @@ def test_block_mass_kernel_compiles_for_sm90():
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, SPLITS_PAD=1, TILE=2048, PRECISE_MATH=True)
     assert "_block_mass_kernel" in _compile(kernels._block_mass_kernel, pads).asm["ptx"]
+
+
+@pytest.mark.parametrize("fast,cdf", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize("vec,race_vec,steps", [(8, 8, 1), (4, 4, 3)])  # bfloat16, float32
+def test_one_launch_kernel_compiles_for_sm90(fast, cdf, vec, race_vec, steps):
+    kernels = _kernels()
+    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, TILE=8192 // vec, VEC=vec, ROWS=256, STEPS=steps, RACE_VEC=race_vec,
+                PRECISE_MATH=True, FAST=fast, CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4)
+    assert "_one_launch_kernel" in _compile(kernels._one_launch_kernel, pads).asm["ptx"]

@@ -41,7 +41,7 @@ PARITY_CONFIGS = {
 FAST_CASES = ("fused_logits_fast_advances_its_offset", "vllm_v2_style_fast_advances_its_offset",
               "fused_logits_fast_equals_vllm_v2_style_fast",
               "fused_logits_leaves_scratch_clean", "stats_plan_covers_the_row", "fused_logits_any_split_agrees",
-              "row_stats_match_float64")
+              "row_stats_match_float64", "fused_logits_one_launch_agrees")
 # rule="block" in fused_logits; "greedy_drafts" zeroes the draft temperature of every other request and
 # "bad_tokens" writes draft ids outside [0, V) (both edits in _block_workload).
 BLOCK_PARITY_CONFIGS = {
@@ -212,8 +212,53 @@ def _run_cases() -> dict[str, str | None]:
     def vllm_advances():
         return fast_mode_advances(vllm, fast, snapshot)
 
+    def one_launch():
+        """single=True (pass 1 and the race in one grid, in the order `lag` sets) against the reference
+        (supplied randomness: tokens, lengths, the bad id's flag) at every lag from 1 to B and three pass-1
+        spans, greedy and sampled rows mixed; in fast mode, the race draws vllm_v2_style's tokens and the
+        inversion the two-launch design's (the same chunking), two calls leave the scratch zeroed and advance
+        the offsets by two. A grid that mislaid a sequence's programs (a race before its pass 1, a pass-1 row
+        counted for another sequence) would read partials never written for the call and differ."""
+        w = make_logits_workload(LogitsConfig(5, 3, vocab_size=300, seed=23))
+        w.draft_tokens[3, 0] = -2
+        want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                            w.draft_temperature, w.uniforms, w.exponential_noise)
+        inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                       w.draft_temperature, w.uniforms, w.exponential_noise)
+        failures = []
+        for span in (64, 128, 320):
+            for lag in range(1, 6):
+                outputs = allocate_outputs(w)
+                kernels.fused_logits_launcher(inputs, outputs, fast=False, single=True, lag=lag,
+                                              stats_plan_=kernels.StatsPlan(span=span, splits=-(-300 // span)))()
+                if not (torch.equal(outputs["output_tokens"], want["output_tokens"])
+                        and torch.equal(outputs["accepted_lengths"], want["accepted_lengths"])
+                        and outputs["error_flags"].tolist() == [0, 0, 0, TOKEN_OUT_OF_RANGE, 0]):
+                    failures.append(f"span {span} lag {lag}: {outputs['output_tokens'].tolist()} flags "
+                                    f"{outputs['error_flags'].tolist()} != {want['output_tokens'].tolist()}")
+        fast_inputs = kernels.LogitsTensors(fast.draft_tokens, fast.target_logits, fast.draft_logits,
+                                            fast.target_temperature, fast.draft_temperature, fast.uniforms,
+                                            fast.exponential_noise)
+        peer = snapshot(vllm.prepare(fast))
+        two = allocate_outputs(fast)
+        kernels.fused_logits_launcher(fast_inputs, two, fast=True, seed=fast.seed, offset=fast.offset)()
+        for sample, expected in (("race", peer), ("cdf", two)):
+            outputs = allocate_outputs(fast)
+            launch = kernels.fused_logits_launcher(fast_inputs, outputs, fast=True, seed=fast.seed, offset=fast.offset,
+                                                   single=True, sample=sample)
+            launch()
+            if not torch.equal(outputs["output_tokens"], expected["output_tokens"]):
+                failures.append(f"fast {sample}: {outputs['output_tokens'].tolist()} != "
+                                f"{expected['output_tokens'].tolist()}")
+            launch()
+            if any(counter.any() for counter in launch.scratch):
+                failures.append(f"fast {sample}: scratch not reset: {launch.scratch}")
+            if launch.philox_offsets.tolist() != [fast.offset + 2] * fast.draft_tokens.shape[0]:
+                failures.append(f"fast {sample}: offsets {launch.philox_offsets.tolist()} after two calls")
+        return "; ".join(failures) or None
+
     for case, run in zip(FAST_CASES, (deterministic, vllm_advances, equals_vllm, scratch_clean, plan_covers, any_split,
-                                      lambda: _row_stats_failures(kernels)), strict=True):
+                                      lambda: _row_stats_failures(kernels), one_launch), strict=True):
         record(case, run)
     _run_block_cases(record, snapshot)
     return verdicts
