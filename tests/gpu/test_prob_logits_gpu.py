@@ -325,28 +325,36 @@ def _one_launch_inputs(w):
 def test_one_launch_equals_the_reference(point):
     """Supplied randomness, where the race programs really wait on pass-1 programs still running: tokens,
     lengths and the bad id's flag equal the float32 reference, at the default lag B (every race after all of
-    pass 1), at lag 1 (each race right behind the next sequence's pass 1, so most of them wait) and B/3."""
+    pass 1), at lag 1 (each race right behind the next sequence's pass 1, so most of them wait) and B/3. Three
+    calls on the same scratch, the inputs changed between them (the sequences rolled by one), so a race that
+    read its partials before its sequence's pass 1 wrote them would read the last call's, and differ."""
     from sdbench.ops.prob_verify_logits import reference
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
     batch, gamma, vocab, dtype = point
     w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, seed=60), DEVICE)
-    w.draft_tokens[batch - 1, 0] = vocab  # a bad id in the last sequence, the one raced last
-    want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
-                                        w.draft_temperature, w.uniforms, w.exponential_noise)
+    w.draft_tokens[batch - 1, 0] = vocab  # a bad id
+    inputs = _one_launch_inputs(w)
     for lag in (None, 1, max(1, batch // 3)):
         outputs = allocate_outputs(w)
-        parity.poison(outputs)
-        launch = kernels.fused_logits_launcher(_one_launch_inputs(w), outputs, fast=False, single=True, lag=lag)
-        launch()
-        launch()  # a second call on the same scratch: the done counts were reset
-        torch.cuda.synchronize()
-        assert torch.equal(outputs["output_tokens"], want["output_tokens"]), (lag, launch.lag)
-        assert torch.equal(outputs["accepted_lengths"], want["accepted_lengths"]), (lag, launch.lag)
-        flags = outputs["error_flags"].tolist()
-        assert flags[batch - 1] != 0 and not any(flags[:batch - 1]), (lag, flags)
-        assert not any(counter.any() for counter in launch.scratch), lag
+        launch = kernels.fused_logits_launcher(inputs, outputs, fast=False, single=True, lag=lag)
+        for call in range(3):
+            if call:  # new inputs in the bound tensors: every sequence's rows and drafts move to the next one
+                for tensor in (w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                               w.draft_temperature, w.uniforms, w.exponential_noise):
+                    tensor.copy_(tensor.roll(1, dims=0))
+            want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits,
+                                                w.target_temperature, w.draft_temperature, w.uniforms,
+                                                w.exponential_noise)
+            parity.poison(outputs)
+            launch()
+            torch.cuda.synchronize()
+            assert torch.equal(outputs["output_tokens"], want["output_tokens"]), (lag, launch.lag, call)
+            assert torch.equal(outputs["accepted_lengths"], want["accepted_lengths"]), (lag, launch.lag, call)
+            bad = (w.draft_tokens >= vocab).any(dim=1)
+            assert torch.equal(outputs["error_flags"] != 0, bad), (lag, call)
+            assert not any(counter.any() for counter in launch.scratch), (lag, call)
 
 
 @pytest.mark.parametrize("point", ONE_LAUNCH_POINTS, ids=lambda p: "b{}-g{}-v{}-{}".format(*p))

@@ -886,9 +886,9 @@ def _one_launch_kernel(
     and its race give its pass 1 about one wave of programs to finish before its race programs take slots to
     wait in. The sequence's last race arrival resets its done count (every program of the sequence has read
     it), so the next launch or graph replay starts clean.
-    Measured on the H200 (docs/perf-notes.md, "Session 17"): no faster than the two launches where it matters. A
-    lag below B was slower than lag B (race programs waiting in slots pass 1 needs), and at lag B the rows k come
-    from DRAM as in the two-launch design; fused_logits does not use it by default."""
+    Measured on the H200 (docs/perf-notes.md, "Session 17"): no faster than the two launches where it matters.
+    Short lags were slower (race programs waiting in slots pass 1 needs); lag B was the fastest order at b = 128,
+    and there the rows k come from DRAM as in the two-launch design. fused_logits does not use it by default."""
     t = tl.program_id(0)
     pass_items = (2 * GAMMA + 1) * splits
     group = pass_items + chunks
@@ -1229,6 +1229,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     program), `lag` sequences between a sequence's pass 1 and its race (None: B, every race after pass 1),
     maxnreg: a cap on the one kernel's registers a thread (ptxas spills above it). An experiment, not a default
     (docs/perf-notes.md, "Session 17")."""
+    if sample not in (None, "cdf", "race"):
+        raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
         if rule != "token" or scan is not None or combine is not None or mass_plan is not None:
             raise ValueError("single=True is the token rule with the scan in the race: no scan, combine or mass "
@@ -1238,8 +1240,6 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
     if lag is not None or maxnreg is not None:
         raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
-    if sample not in (None, "cdf", "race"):
-        raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if scan not in (None, "kernel", "race", "pass1"):
         raise ValueError(f"scan must be 'kernel', 'race' or 'pass1', got {scan!r}")
     if rule == "block" and scan not in (None, "race"):
@@ -1394,7 +1394,7 @@ def _one_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, 
     chunk_mass = torch.empty(batch * chunks if cdf else 1, dtype=torch.float32, device=device)
     offsets = philox_offsets(batch, offset, device)
     pass_items = (2 * gamma + 1) * plan.splits
-    lag = batch if lag is None else lag  # every race after all of pass 1: measured the fastest order
+    lag = batch if lag is None else lag  # every race after all of pass 1: the fastest order measured at b = 128
     if not 1 <= lag <= batch:
         raise ValueError(f"lag must be in [1, B = {batch}], got {lag}")
     args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,

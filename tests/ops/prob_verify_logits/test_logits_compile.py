@@ -89,6 +89,7 @@ def test_block_mass_kernel_compiles_for_sm90():
 @pytest.mark.parametrize("vec,race_vec,steps", [(8, 8, 1), (4, 4, 3)])  # bfloat16, float32
 def test_one_launch_kernel_compiles_for_sm90(fast, cdf, vec, race_vec, steps):
     kernels = _kernels()
-    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, TILE=8192 // vec, VEC=vec, ROWS=256, STEPS=steps, RACE_VEC=race_vec,
+    # TILE: `stats_tile`, 4 KiB of logits a step (bf16 2048 columns, float32 1024)
+    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, TILE=256 * vec, VEC=vec, ROWS=256, STEPS=steps, RACE_VEC=race_vec,
                 PRECISE_MATH=True, FAST=fast, CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4)
     assert "_one_launch_kernel" in _compile(kernels._one_launch_kernel, pads).asm["ptx"]

@@ -217,8 +217,10 @@ def _run_cases() -> dict[str, str | None]:
         (supplied randomness: tokens, lengths, the bad id's flag) at every lag from 1 to B and three pass-1
         spans, greedy and sampled rows mixed; in fast mode, the race draws vllm_v2_style's tokens and the
         inversion the two-launch design's (the same chunking), two calls leave the scratch zeroed and advance
-        the offsets by two. A grid that mislaid a sequence's programs (a race before its pass 1, a pass-1 row
-        counted for another sequence) would read partials never written for the call and differ."""
+        the offsets by two. The interpreter runs programs one after another in index order, so this checks the
+        grid's mapping (a pass-1 row counted for another sequence would read partials never written and differ; a
+        race placed before its pass 1 would wait forever, and the run's timeout fails it), not the waiting: the
+        GPU tests do (tests/gpu/test_prob_logits_gpu.py)."""
         w = make_logits_workload(LogitsConfig(5, 3, vocab_size=300, seed=23))
         w.draft_tokens[3, 0] = -2
         want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
