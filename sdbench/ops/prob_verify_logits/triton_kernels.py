@@ -165,8 +165,8 @@ def _row_stats_program(
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr,
 ):
-    """Pass 1's program (row, s), grid (B·(2γ+1), splits) in `_row_stats_kernel`: columns [s·span, min((s+1)·span, V)) of one row, TILE
-    at a time, as TILE/VEC lanes of VEC adjacent logits (one 16-byte load a lane: VEC = 8 bf16 or 4 fp32).
+    """Pass 1's program (row, s), grid (B·(2γ+1), splits) in `_row_stats_kernel`: columns
+    [s·span, min((s+1)·span, V)) of one row, TILE at a time, as TILE/VEC lanes of VEC adjacent logits (one 16-byte load a lane: VEC = 8 bf16 or 4 fp32).
     Each lane keeps its own running max m and Σexp(z - m) (and, on a greedy row, the first column of its
     max), folding in its VEC logits of a tile at once (`_fold_tile`), so the loop needs no reduction
     across threads; the lanes combine once, at the end of the span. m runs on the raw logits (c =
@@ -1171,6 +1171,12 @@ def _precise_math(device: torch.device) -> bool:
     return device.type == "cuda" and not INTERPRETED
 
 
+def _race_vec(element_size: int, race_rows: int, num_warps: int) -> int:
+    """The race's inversion lanes: 16 bytes of logits a lane where every thread still gets a lane (chunks of
+    4·race_rows columns over num_warps warps; 1024 bf16 columns at 4 warps is one lane a thread)."""
+    return max(1, min(16 // element_size, 4 * race_rows // (32 * num_warps)))
+
+
 def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     count = batch * (2 * gamma + 1) * splits
     return (torch.empty(count, dtype=torch.float32, device=device), torch.empty(count, dtype=torch.float32, device=device),
@@ -1336,9 +1342,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=race.steps, FAST=fast,
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel",
-                # 16 bytes a lane where every thread still gets a lane (chunks of 1024 bf16 columns at 4 warps)
-                VEC=max(1, min(16 // t.target_logits.element_size(), 4 * race.rows // (32 * race.num_warps))),
-                num_warps=race.num_warps)
+                VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), num_warps=race.num_warps)
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)
 
@@ -1408,7 +1412,7 @@ def _one_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, 
     meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 TILE=stats_tile(element_size), VEC=16 // element_size,
                 ROWS=race.rows, STEPS=race.steps,
-                RACE_VEC=max(1, min(16 // element_size, 4 * race.rows // (32 * warps))),
+                RACE_VEC=_race_vec(element_size, race.rows, warps),
                 PRECISE_MATH=_precise_math(device), FAST=fast, CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=triton.next_power_of_2(plan.splits), num_warps=warps)
     if maxnreg is not None and not INTERPRETED:
@@ -1420,7 +1424,6 @@ def _one_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, 
 
     launch.scratch = (best, arrivals, done)  # tests check they are left zeroed
     launch.scan = "race"
-    launch.single = True
     launch.lag = lag
     launch.sample = "cdf" if cdf else "race"
     launch.philox_offsets = offsets
