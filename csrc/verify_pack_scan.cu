@@ -15,7 +15,8 @@
 //      group 0) in its status word, which carries the epoch, so words of earlier launches read as
 //      "not yet";
 //   3. issues the loads of its accepted KV (kUnroll 16-byte vectors per thread): sources do not depend
-//      on the prefix, so they are in flight during the look-back;
+//      on the prefix, so they are in flight during the look-back (in one wave, chunks of 64 KiB or more
+//      load them after it: kLateLoadBytes);
 //   4. the block looks back (Merrill & Garland 2016): thread i reads the status of group g-1-i, and the
 //      sum up to the nearest INCLUSIVE word is this group's exclusive prefix; chunk 0 publishes
 //      INCLUSIVE. A block waits only on lower tiles, which started no later (blocks are dispatched in
@@ -55,6 +56,7 @@ struct ScanTiling {
   int64_t look_back_groups = 0;  // sequence groups, at most, where tiles of max_tile_bytes allow
   int64_t min_tile_bytes = 0;    // worst-case KV bytes of one tile, at least (fewer blocks for tiny work)
   int64_t fixed_chunks = 0;      // 1: a sequence's chunks copy fixed byte ranges (the rule before the even split)
+  int64_t late_load_bytes = 0;   // chunks of at least this much worst-case KV load their first round after the look-back
 };
 int64_t scan_state_elems() { return 1 + kScanMaxGroups; }
 int64_t scan_max_batch() { return kScanMaxBatch; }
@@ -122,6 +124,7 @@ struct TileShape {
   int seqs_per_tile;    // > 1 only when chunks_per_seq == 1
   int chunks_per_seq;
   bool fixed_chunks;    // chunk c copies accepted bytes [c, c + 1) * chunk_bytes, not a 1/chunks_per_seq share
+  bool late_loads;      // a chunk loads its first copy round after the look-back, not during it (tile_shape)
   RowDivider row_of;    // a destination unit's row: unit / (row_bytes / sizeof(V)), set at launch (ShiftTable)
 };
 
@@ -474,7 +477,7 @@ __device__ __forceinline__ void chunk_of_accepted(const TileShape& shape, int64_
   bytes = (min(first + per_chunk, units) - first) * static_cast<int64_t>(sizeof(V));
 }
 
-template <typename Lengths, typename V>
+template <typename Lengths, typename V, bool kLateLoads>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     scan_pack_kernel(Lengths lengths, const char* __restrict__ draft_kv, char* __restrict__ packed_kv,
                      int64_t* __restrict__ packed_offsets, unsigned long long* scan_state, TileShape shape,
@@ -524,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   auto copy_tile = [&](auto source_of) {
     TileCopy<V, decltype(source_of)> copy{source, nullptr, source_of, tile_units};
     V word[kUnroll];
-    copy.load(word, 0);  // in flight during the look-back
+    if constexpr (!kLateLoads) copy.load(word, 0);  // in flight during the look-back
 
     const int64_t prefix = group == 0 ? 0 : look_back(status, group, epoch, s_look_back);
     timeline_mark(2);
@@ -537,8 +540,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
     }
     copy.packed = reinterpret_cast<V*>(packed_kv + prefix * shape.row_bytes + source_chunk);
-    copy.store(word, 0);
-    for (int64_t base = kThreads * kUnroll; base < tile_units; base += kThreads * kUnroll) {
+    int64_t base = 0;
+    if constexpr (!kLateLoads) {
+      copy.store(word, 0);
+      base = kThreads * kUnroll;
+    }
+    for (; base < tile_units; base += kThreads * kUnroll) {
       copy.load(word, base);
       copy.store(word, base);
     }
@@ -584,6 +591,12 @@ constexpr int64_t kLookBackGroups = 4096;
 // each pay the whole chain and a look-back (b = 1024, γ = 4, kv 64: 7.6 -> 3.9 us; 16 KiB won at
 // γ = 8-32 but cost 10% at b = 32, γ = 8, kv 128).
 constexpr int64_t kMinTileBytes = 8 * 1024;
+// In a grid of one wave or less, chunks of a sequence of at least this much worst-case KV load their first copy
+// round after the look-back, not during it (docs/perf-notes.md, "Session 18"; CUPTI GPU time, H200): 3-15% faster
+// at chunks of 64-128 KiB (b = 256, γ = 32, kv 4096 and γ = 128, kv 1024; b = 32, γ = 128, kv 4096), mixed at
+// 32 KiB chunks (-3% to +5%), level to 1.6% slower at the 256 KiB chunks of grids of several waves, and 2-16%
+// slower at whole tiles of 128-256 KiB (b = 1024, kv 1024-4096). Those keep the first round in flight.
+constexpr int64_t kLateLoadBytes = 64 * 1024;
 
 ScanTiling resolved(ScanTiling tiling) {
   if (tiling.waves <= 0) tiling.waves = kWavesOfBlocks;
@@ -591,6 +604,7 @@ ScanTiling resolved(ScanTiling tiling) {
   tiling.max_tile_bytes = (tiling.max_tile_bytes + kTileBytes - 1) / kTileBytes * kTileBytes;  // whole rounds
   if (tiling.look_back_groups <= 0) tiling.look_back_groups = kLookBackGroups;
   if (tiling.min_tile_bytes <= 0) tiling.min_tile_bytes = kMinTileBytes;
+  if (tiling.late_load_bytes <= 0) tiling.late_load_bytes = kLateLoadBytes;
   return tiling;
 }
 
@@ -609,7 +623,8 @@ int multiprocessor_count() {
 
 TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, ScanTiling tiling) {
   tiling = resolved(tiling);
-  TileShape shape{batch, gamma, row_bytes, gamma * row_bytes, gamma * row_bytes, 1, 1, tiling.fixed_chunks != 0};
+  TileShape shape{batch, gamma, row_bytes, gamma * row_bytes, gamma * row_bytes, 1, 1, tiling.fixed_chunks != 0,
+                  false};
   const int64_t target_blocks = int64_t{sms} * kBlocksPerSm * tiling.waves;
   const int64_t total_bytes = batch * shape.slab_bytes;
   int64_t tile_bytes = (total_bytes + target_blocks - 1) / target_blocks;
@@ -626,6 +641,7 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   if (batch <= kScanMaxGroups && shape.slab_bytes > chunk_bytes && !whole_slab) {
     shape.chunk_bytes = chunk_bytes;
     shape.chunks_per_seq = static_cast<int>((shape.slab_bytes + chunk_bytes - 1) / chunk_bytes);
+    shape.late_loads = shape.chunk_bytes >= tiling.late_load_bytes && batch * shape.chunks_per_seq <= target_blocks;
     return shape;
   }
   // Round up where the cap allows (tile_bytes ~ total / target_blocks, so at most target_blocks groups),
@@ -664,7 +680,9 @@ cudaError_t launch_with(const Lengths& lengths, const void* draft_kv, void* pack
   if (groups > kScanMaxGroups || grid > 0x7fffffff) return cudaErrorInvalidValue;
   TileShape with_rows = shape;
   with_rows.row_of = RowDivider::of(shape.row_bytes / static_cast<int64_t>(sizeof(V)));
-  scan_pack_kernel<Lengths, V><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+  // The load order is a template argument: a runtime branch cost the int64 kernels 12 bytes of spill.
+  auto* kernel = shape.late_loads ? scan_pack_kernel<Lengths, V, true> : scan_pack_kernel<Lengths, V, false>;
+  kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
       lengths, static_cast<const char*>(draft_kv), static_cast<char*>(packed_kv), packed_offsets,
       reinterpret_cast<unsigned long long*>(scan_state), with_rows, writes_verdict);
   return cudaGetLastError();

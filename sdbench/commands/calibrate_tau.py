@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -507,6 +508,8 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
             bandwidth, source = measure_copy_bandwidth_gbps(), "cuda events: 256 MiB device-to-device copy"
     except RuntimeError:
         bandwidth = None
+    if bandwidth is None:
+        bandwidth, source = _measured_bandwidth_of_the_replaced_profile(rows[0].get("gpu_name", ""), profiles_dir)
     profile = make_profile(fit, rows, view=view, copy_bandwidth_gbps=bandwidth, copy_bandwidth_source=source,
                            sdbench_version=sdbench.__version__)
     path = thresholds.write_profile(profile, profiles_dir) if write else None
@@ -515,6 +518,29 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
 
         dispatch.reset()  # the next auto decision reads the new profile
     return Calibration(fit, profile, path, swept, fused)
+
+
+KEPT = "kept from the profile this one replaced"
+
+
+def _measured_bandwidth_of_the_replaced_profile(gpu_name: str, directory) -> tuple[float | None, str]:
+    """Offline (no GPU of the results' kind here), the measured copy bandwidth of the profile being replaced:
+    recalibrating from results must not swap a measured ceiling for the results' best achieved bandwidth,
+    which the report's roofline would then read as the floor's ceiling. (None, "") when there is none."""
+    from sdbench import thresholds
+
+    path = thresholds.profiles_dir() if directory is None else Path(directory)
+    path = path / f"{thresholds.gpu_slug(gpu_name)}.toml"
+    if not gpu_name or not path.is_file():
+        return None, ""
+    try:
+        old = thresholds.read_profile(path)
+    except SdbenchError:
+        return None, ""
+    if old.gpu_name != gpu_name or old.copy_bandwidth_gbps <= 0 or not old.copy_bandwidth_source.startswith("cuda events"):
+        return None, ""
+    source = old.copy_bandwidth_source
+    return old.copy_bandwidth_gbps, source if KEPT in source else f"{source}; {KEPT}"
 
 
 def _present(rows: list[dict], view: str) -> tuple[list[str], list[str]]:

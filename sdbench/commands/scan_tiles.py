@@ -9,8 +9,10 @@ variant is `fused_scan` with '+'-joined changes to its tile rule (csrc/verify_pa
 `w<N>` (aim at N waves of resident blocks; default 1), `t<KiB>` (tiles of at most KiB of worst-case KV;
 default 256), `m<KiB>` (tiles of at least KiB, so tiny work takes few blocks; default 8), `g<N>` (at most
 N sequence groups where such tiles allow; default 4096), `f1` (a sequence's chunk blocks copy fixed byte
-ranges of its slab, the rule before the accepted bytes were split evenly over them); `default` changes
-nothing. Each point also times --peers (default: fused, ballot+pack_cuda, ballot+pack_scan) and the launch
+ranges of its slab, the rule before the accepted bytes were split evenly over them), `l<KiB>` (in a grid of
+one wave or less, chunks of a sequence of at least KiB of worst-case KV load their first copy round after
+the look-back, not during it; default 64; l65536 keeps every chunk's loads during the look-back);
+`default` changes nothing. Each point also times --peers (default: fused, ballot+pack_cuda, ballot+pack_scan) and the launch
 floor (an empty kernel) in the same rotation, so every line reads against the others of its run. Times:
 CUPTI GPU time, the median over --iters calls, per L2 state.
 """
@@ -41,9 +43,9 @@ def tiling(variant: str) -> dict[str, int]:
             continue
         kind, digits = part[0], part[1:]
         bad_flag = kind == "f" and digits != "1"
-        if kind not in "wtgmf" or not digits.isdigit() or not 1 <= int(digits) <= 65536 or bad_flag:
-            raise ValueError(f"unknown variant part {part!r}: w<waves>, t<KiB>, m<KiB>, g<groups> (1..65536), f1 "
-                             "or default")
+        if kind not in "wtgmfl" or not digits.isdigit() or not 1 <= int(digits) <= 65536 or bad_flag:
+            raise ValueError(f"unknown variant part {part!r}: w<waves>, t<KiB>, m<KiB>, g<groups>, l<KiB> "
+                             "(1..65536), f1 or default")
         value = int(digits)
         if kind == "w":
             changes["tile_waves"] = value
@@ -53,6 +55,8 @@ def tiling(variant: str) -> dict[str, int]:
             changes["tile_min_bytes"] = value * 1024
         elif kind == "f":
             changes["fixed_chunks"] = value
+        elif kind == "l":
+            changes["late_load_bytes"] = value * 1024
         else:
             changes["look_back_groups"] = value
     return changes

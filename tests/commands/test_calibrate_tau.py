@@ -90,6 +90,26 @@ def test_calibrate_writes_the_profile(tmp_path):
     assert written.configs == len(result.fit.points)
 
 
+def test_offline_recalibration_keeps_the_measured_copy_bandwidth(tmp_path):
+    """No GPU here: the replaced profile's measured ceiling stays (the report's floors read it), once noted;
+    a profile whose bandwidth was itself only the best achieved is not kept."""
+    results = [_write(tmp_path, PLANTED)]
+    profiles = tmp_path / "profiles"
+    first = thresholds.read_profile(tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=profiles).path)
+    achieved = first.copy_bandwidth_gbps
+    assert "achieved" in first.copy_bandwidth_source
+    thresholds.write_profile(Profile(**{**first.__dict__, "copy_bandwidth_gbps": 4010.0,
+                                        "copy_bandwidth_source": "cuda events: 256 MiB device-to-device copy"}), profiles)
+    for _ in range(2):
+        again = thresholds.read_profile(tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=profiles).path)
+        assert again.copy_bandwidth_gbps == 4010.0
+        assert again.copy_bandwidth_source == f"cuda events: 256 MiB device-to-device copy; {tau.KEPT}"
+    other = tmp_path / "other"
+    thresholds.write_profile(Profile(**{**first.__dict__, "copy_bandwidth_gbps": 9999.0}), other)
+    assert thresholds.read_profile(tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=other).path
+                                   ).copy_bandwidth_gbps == pytest.approx(achieved)
+
+
 def test_cli_prints_the_rule_and_writes(tmp_path):
     path = _write(tmp_path, PLANTED)
     result = runner.invoke(app, ["calibrate-tau", str(path), "--small", SMALL, "--large", LARGE, "--profiles", str(tmp_path / "p")])

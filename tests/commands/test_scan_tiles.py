@@ -11,6 +11,7 @@ def test_variants_map_to_the_kernels_tile_rule_keywords():
     assert scan_tiles.tiling("w2+t1024+m8+g512") == {
         "tile_waves": 2, "tile_max_bytes": 1 << 20, "tile_min_bytes": 8192, "look_back_groups": 512}
     assert scan_tiles.tiling("f1+t64") == {"fixed_chunks": 1, "tile_max_bytes": 65536}
+    assert scan_tiles.tiling("l64+t512") == {"late_load_bytes": 65536, "tile_max_bytes": 512 * 1024}
 
 
 @pytest.mark.parametrize("bad", ["x4", "w", "w0", "t-1", "g1.5", "f2", "f"])
