@@ -353,8 +353,8 @@ void fused_scan_op(const at::Tensor& draft_tokens, const at::Tensor& target_toke
                                  has_mismatch.data_ptr<bool>(), next_tokens.data_ptr(), packed_kv.data_ptr(),
                                  packed_offsets.data_ptr<int64_t>(), batch, gamma, row_bytes,
                                  scan_state.data_ptr<int64_t>(),
-                                 check_tiling(tile_waves, tile_max_bytes, look_back_groups, tile_min_bytes, fixed_chunks,
-                                              late_load_bytes),
+                                 check_tiling(tile_waves, tile_max_bytes, look_back_groups, tile_min_bytes,
+                                              fixed_chunks, late_load_bytes),
                                  current_stream()),
                "fused_scan");
 }

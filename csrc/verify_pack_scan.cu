@@ -56,7 +56,7 @@ struct ScanTiling {
   int64_t look_back_groups = 0;  // sequence groups, at most, where tiles of max_tile_bytes allow
   int64_t min_tile_bytes = 0;    // worst-case KV bytes of one tile, at least (fewer blocks for tiny work)
   int64_t fixed_chunks = 0;      // 1: a sequence's chunks copy fixed byte ranges (the rule before the even split)
-  int64_t late_load_bytes = 0;   // chunks of at least this much worst-case KV load their first round after the look-back
+  int64_t late_load_bytes = 0;   // in one wave, chunks of this much KV or more load after the look-back
 };
 int64_t scan_state_elems() { return 1 + kScanMaxGroups; }
 int64_t scan_max_batch() { return kScanMaxBatch; }
@@ -457,10 +457,10 @@ __device__ __forceinline__ void finish_block(unsigned long long* scan_state, uns
 // slab left most of its chunk blocks idle and the first few copying whole chunks of several rounds
 // (b = 32, γ = 128, α = 0.3, kv 4096: 5 of 16 chunks copied 64 KiB each). By default the accepted bytes
 // are split evenly over as many chunks as give each at least one copy round (kThreads * kUnroll units):
-// a block loads its first round during its look-back, so more rounds cost latency and fewer bytes save
-// none, while every chunk that copies must look back (one with nothing to copy leaves before it; an even
-// split over all chunks made b = 256, γ = 32, α = 0.3, kv 1024 1.15x slower). fixed_chunks keeps the
-// fixed offsets for comparison.
+// a block loads its first round during its look-back (or right after it, kLateLoadBytes), so more rounds
+// cost latency and fewer bytes save none, while every chunk that copies must look back (one with nothing
+// to copy leaves before it; an even split over all chunks made b = 256, γ = 32, α = 0.3, kv 1024 1.15x
+// slower). fixed_chunks keeps the fixed offsets for comparison.
 template <typename V>
 __device__ __forceinline__ void chunk_of_accepted(const TileShape& shape, int64_t chunk, int64_t accepted_bytes,
                                                   int64_t& begin, int64_t& bytes) {
@@ -591,11 +591,12 @@ constexpr int64_t kLookBackGroups = 4096;
 // each pay the whole chain and a look-back (b = 1024, γ = 4, kv 64: 7.6 -> 3.9 us; 16 KiB won at
 // γ = 8-32 but cost 10% at b = 32, γ = 8, kv 128).
 constexpr int64_t kMinTileBytes = 8 * 1024;
-// In a grid of one wave or less, chunks of a sequence of at least this much worst-case KV load their first copy
-// round after the look-back, not during it (docs/perf-notes.md, "Session 18"; CUPTI GPU time, H200): 3-15% faster
-// at chunks of 64-128 KiB (b = 256, γ = 32, kv 4096 and γ = 128, kv 1024; b = 32, γ = 128, kv 4096), mixed at
-// 32 KiB chunks (-3% to +5%), level to 1.6% slower at the 256 KiB chunks of grids of several waves, and 2-16%
-// slower at whole tiles of 128-256 KiB (b = 1024, kv 1024-4096). Those keep the first round in flight.
+// In a grid of one wave of resident blocks or less, chunks of a sequence of at least this much worst-case KV load
+// their first copy round after the look-back, not during it (docs/perf-notes.md, "Session 18"; CUPTI GPU time,
+// H200). With 32 KiB of KV loads in flight per block, the look-back's status reads returned 1-2.7 us later. Late
+// loads were 1-14% faster at chunks of 64-128 KiB (b = 256, γ = 32, kv 4096 and γ = 128, kv 1024; b = 32,
+// γ = 128, kv 4096), mixed at 32 KiB chunks (-3% to +5%), level to 1.6% slower at the 256 KiB chunks of grids of
+// several waves, and 2-16% slower at whole tiles of 64-128 KiB (b = 1024, kv 1024-4096). Those keep the early loads.
 constexpr int64_t kLateLoadBytes = 64 * 1024;
 
 ScanTiling resolved(ScanTiling tiling) {
@@ -641,7 +642,8 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   if (batch <= kScanMaxGroups && shape.slab_bytes > chunk_bytes && !whole_slab) {
     shape.chunk_bytes = chunk_bytes;
     shape.chunks_per_seq = static_cast<int>((shape.slab_bytes + chunk_bytes - 1) / chunk_bytes);
-    shape.late_loads = shape.chunk_bytes >= tiling.late_load_bytes && batch * shape.chunks_per_seq <= target_blocks;
+    const int64_t one_wave = int64_t{sms} * kBlocksPerSm;  // whatever waves the tiles aim at: measured at one
+    shape.late_loads = shape.chunk_bytes >= tiling.late_load_bytes && batch * shape.chunks_per_seq <= one_wave;
     return shape;
   }
   // Round up where the cap allows (tile_bytes ~ total / target_blocks, so at most target_blocks groups),
@@ -680,7 +682,7 @@ cudaError_t launch_with(const Lengths& lengths, const void* draft_kv, void* pack
   if (groups > kScanMaxGroups || grid > 0x7fffffff) return cudaErrorInvalidValue;
   TileShape with_rows = shape;
   with_rows.row_of = RowDivider::of(shape.row_bytes / static_cast<int64_t>(sizeof(V)));
-  // The load order is a template argument: a runtime branch cost the int64 kernels 12 bytes of spill.
+  // The load order is a template argument: as a runtime branch it made the 8- and 16-byte fused kernels spill.
   auto* kernel = shape.late_loads ? scan_pack_kernel<Lengths, V, true> : scan_pack_kernel<Lengths, V, false>;
   kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
       lengths, static_cast<const char*>(draft_kv), static_cast<char*>(packed_kv), packed_offsets,

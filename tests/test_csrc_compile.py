@@ -50,3 +50,34 @@ def test_the_scan_timeline_tool_compiles():
     timed = [k for k in kernels if "scan_pack_kernel" in k["kernel"] and "VerifiedLengths" in k["kernel"]]
     assert timed, [k["kernel"] for k in kernels]
     assert not [k for k in timed if k["spill_store_bytes"] > 12 or k["spill_load_bytes"] > 20 or k["stack_bytes"] > 8]
+
+
+def test_the_tile_rule_loads_late_only_at_one_wave_chunks_of_64_kib(tmp_path):
+    """tile_shape (csrc/verify_pack_scan.cu) on the host through csrc/tools/tile_shape_probe.cu: the first copy
+    round waits for the look-back at chunks of >= 64 KiB in a grid of one wave of resident blocks (132 SMs x 4),
+    never at whole tiles, at 32 KiB chunks or in grids of several waves (docs/perf-notes.md, "Session 18"). On
+    the scale-kv grid (fp16 KV) that is exactly three shapes, six configs with both α."""
+    import subprocess
+
+    nvcc = ext.nvcc_path() or shutil.which("nvcc")
+    probe = tmp_path / "tile_shape_probe"
+    built = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", f"-I{ext.CSRC_DIR}",
+                            str(ext.CSRC_DIR / "tools" / "tile_shape_probe.cu"), "-o", str(probe)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, ext.trim_build_error(built.stdout + built.stderr)
+
+    def late(*points: str) -> dict[str, int]:
+        run = subprocess.run([str(probe), "132", *points], capture_output=True, text=True, check=True)
+        return {line.split()[0]: int(line.rsplit("=", 1)[1]) for line in run.stdout.splitlines()}
+
+    assert late("256:32:8192", "32:128:8192", "256:128:2048") == dict.fromkeys(
+        ["256:32:8192", "32:128:8192", "256:128:2048"], 1), "one wave of 64-128 KiB chunks"
+    assert late("32:32:8192", "256:128:8192", "1024:8:8192", "256:8:8192", "256:32:8192:waves=2",
+                "256:32:8192:late=1073741824") == dict.fromkeys(
+        ["32:32:8192", "256:128:8192", "1024:8:8192", "256:8:8192", "256:32:8192:waves=2",
+         "256:32:8192:late=1073741824"], 0), "32 KiB chunks, several waves, whole tiles, the knob off"
+    assert late("32:32:8192:late=32768") == {"32:32:8192:late=32768": 1}, "the knob moves the threshold"
+    grid = [f"{b}:{g}:{2 * kv}" for b in (1, 8, 32, 256, 1024, 4096, 16384, 65536) for g in (4, 8, 32, 128)
+            for kv in (64, 128, 1024, 4096)]
+    assert sorted(point for point, value in late(*grid).items() if value) == [
+        "256:128:2048", "256:32:8192", "32:128:8192"]

@@ -3,7 +3,7 @@
 //   make scan-timeline && build/scan_timeline 16384:4:0.3:128,32:8:0.3:4096 default,g256 21
 //
 // A point is batch:γ:α:kv_dim (fp16 KV, int64 tokens, k ~ Binomial(γ, α), as the scale-kv grid); a variant is
-// `default` or one tile-rule knob (g<groups>, m<KiB>, w<waves>, t<KiB>: ScanTiling, see scan_tiles.py). Each
+// `default` or one tile-rule knob (g<groups>, m<KiB>, w<waves>, t<KiB>, l<KiB>: ScanTiling, see scan_tiles.py). Each
 // point runs cold (a 512 MiB reading flush before every launch), with only its code warm (the flush, then a
 // one-sequence launch that brings the kernel's instructions back into L2) and warm, `reps` timed launches
 // each, and prints medians over launches of:
@@ -75,6 +75,7 @@ static ScanTiling tiling_of(const std::string& variant) {
     case 'm': tiling.min_tile_bytes = value * 1024; break;
     case 'w': tiling.waves = value; break;
     case 't': tiling.max_tile_bytes = value * 1024; break;
+    case 'l': tiling.late_load_bytes = value * 1024; break;
     default: fprintf(stderr, "unknown variant %s\n", variant.c_str()); exit(2);
   }
   return tiling;

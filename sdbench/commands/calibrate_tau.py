@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sdbench import thresholds
 from sdbench.errors import SdbenchError
 from sdbench.measure import results
 from sdbench.thresholds import Profile, best_threshold, crossing_bytes, fewest_segments, format_bytes
@@ -482,7 +483,6 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
     defaults to the study's). swept: the folder a mini-sweep wrote, when the caller ran one, recorded in the
     result. It reads results; it never measures."""
     import sdbench
-    from sdbench import thresholds
 
     if view not in ("wall", "graph", "gpu", "cpu"):
         raise SdbenchError(f"--view must be wall, graph, gpu or cpu, got {view!r}")
@@ -509,7 +509,7 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
     except RuntimeError:
         bandwidth = None
     if bandwidth is None:
-        bandwidth, source = _measured_bandwidth_of_the_replaced_profile(rows[0].get("gpu_name", ""), profiles_dir)
+        bandwidth, source = _measured_bandwidth_of_the_replaced_profile(rows, profiles_dir)
     profile = make_profile(fit, rows, view=view, copy_bandwidth_gbps=bandwidth, copy_bandwidth_source=source,
                            sdbench_version=sdbench.__version__)
     path = thresholds.write_profile(profile, profiles_dir) if write else None
@@ -523,24 +523,27 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
 KEPT = "kept from the profile this one replaced"
 
 
-def _measured_bandwidth_of_the_replaced_profile(gpu_name: str, directory) -> tuple[float | None, str]:
+def _measured_bandwidth_of_the_replaced_profile(rows: list[dict], directory) -> tuple[float | None, str]:
     """Offline (no GPU of the results' kind here), the measured copy bandwidth of the profile being replaced:
     recalibrating from results must not swap a measured ceiling for the results' best achieved bandwidth,
-    which the report's roofline would then read as the floor's ceiling. (None, "") when there is none."""
-    from sdbench import thresholds
-
-    path = thresholds.profiles_dir() if directory is None else Path(directory)
-    path = path / f"{thresholds.gpu_slug(gpu_name)}.toml"
+    which the report's roofline would then read as the floor's ceiling. Kept only when it was measured (cuda
+    events), for the same GPU name, and is not below what the results achieved (a ceiling under the data
+    would put rows above 100% of copy); (None, "") otherwise."""
+    gpu_name = rows[0].get("gpu_name") or ""
+    folder = thresholds.profiles_dir() if directory is None else Path(directory)
+    path = folder / f"{thresholds.gpu_slug(gpu_name)}.toml"
     if not gpu_name or not path.is_file():
         return None, ""
     try:
         old = thresholds.read_profile(path)
-    except SdbenchError:
+    except (SdbenchError, ValueError):
         return None, ""
-    if old.gpu_name != gpu_name or old.copy_bandwidth_gbps <= 0 or not old.copy_bandwidth_source.startswith("cuda events"):
+    achieved = max((row.get("achieved_gbps") or 0.0 for row in rows if row.get("status") == "ok"), default=0.0)
+    if (old.gpu_name != gpu_name or not old.copy_bandwidth_source.startswith("cuda events")
+            or old.copy_bandwidth_gbps < achieved):
         return None, ""
     source = old.copy_bandwidth_source
-    return old.copy_bandwidth_gbps, source if KEPT in source else f"{source}; {KEPT}"
+    return old.copy_bandwidth_gbps, source if KEPT in source else f"{source}; {KEPT} (dated {old.date})"
 
 
 def _present(rows: list[dict], view: str) -> tuple[list[str], list[str]]:

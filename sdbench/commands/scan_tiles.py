@@ -10,10 +10,11 @@ variant is `fused_scan` with '+'-joined changes to its tile rule (csrc/verify_pa
 default 256), `m<KiB>` (tiles of at least KiB, so tiny work takes few blocks; default 8), `g<N>` (at most
 N sequence groups where such tiles allow; default 4096), `f1` (a sequence's chunk blocks copy fixed byte
 ranges of its slab, the rule before the accepted bytes were split evenly over them), `l<KiB>` (in a grid of
-one wave or less, chunks of a sequence of at least KiB of worst-case KV load their first copy round after
-the look-back, not during it; default 64; l65536 keeps every chunk's loads during the look-back);
-`default` changes nothing. Each point also times --peers (default: fused, ballot+pack_cuda, ballot+pack_scan) and the launch
-floor (an empty kernel) in the same rotation, so every line reads against the others of its run. Times:
+one wave of resident blocks or less, chunks of a sequence of at least KiB of worst-case KV load their first
+copy round after the look-back, not during it; default 64; l65536 keeps the loads of every chunk up to 64 MiB
+during the look-back); `default` changes nothing. Each point also times --peers (default: fused,
+ballot+pack_cuda, ballot+pack_scan) and the launch floor (an empty kernel) in the same rotation, so every line
+reads against the others of its run. Times:
 CUPTI GPU time, the median over --iters calls, per L2 state.
 """
 

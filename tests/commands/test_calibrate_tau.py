@@ -90,24 +90,37 @@ def test_calibrate_writes_the_profile(tmp_path):
     assert written.configs == len(result.fit.points)
 
 
-def test_offline_recalibration_keeps_the_measured_copy_bandwidth(tmp_path):
-    """No GPU here: the replaced profile's measured ceiling stays (the report's floors read it), once noted;
-    a profile whose bandwidth was itself only the best achieved is not kept."""
+def test_offline_recalibration_keeps_the_measured_copy_bandwidth(tmp_path, monkeypatch):
+    """No GPU of the results' kind: the replaced profile's measured ceiling stays (the report's floors read it),
+    noted once with its date. Not kept: a bandwidth that was itself the best achieved, another GPU's profile
+    under the same file name, or a ceiling below what the results achieved."""
+    def no_gpu():
+        raise RuntimeError("no GPU of that kind here")
+
+    monkeypatch.setattr(tau, "measure_copy_bandwidth_gbps", no_gpu)
     results = [_write(tmp_path, PLANTED)]
     profiles = tmp_path / "profiles"
-    first = thresholds.read_profile(tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=profiles).path)
+
+    def calibrated(folder):
+        return thresholds.read_profile(tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=folder).path)
+
+    first = calibrated(profiles)
     achieved = first.copy_bandwidth_gbps
-    assert "achieved" in first.copy_bandwidth_source
-    thresholds.write_profile(Profile(**{**first.__dict__, "copy_bandwidth_gbps": 4010.0,
-                                        "copy_bandwidth_source": "cuda events: 256 MiB device-to-device copy"}), profiles)
+    assert "achieved" in first.copy_bandwidth_source and achieved > 0
+    measured = {"copy_bandwidth_gbps": achieved * 2, "copy_bandwidth_source": "cuda events: 256 MiB copy",
+                "date": "2026-01-02"}
+    thresholds.write_profile(Profile(**{**first.__dict__, **measured}), profiles)
     for _ in range(2):
-        again = thresholds.read_profile(tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=profiles).path)
-        assert again.copy_bandwidth_gbps == 4010.0
-        assert again.copy_bandwidth_source == f"cuda events: 256 MiB device-to-device copy; {tau.KEPT}"
-    other = tmp_path / "other"
-    thresholds.write_profile(Profile(**{**first.__dict__, "copy_bandwidth_gbps": 9999.0}), other)
-    assert thresholds.read_profile(tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=other).path
-                                   ).copy_bandwidth_gbps == pytest.approx(achieved)
+        again = calibrated(profiles)
+        assert again.copy_bandwidth_gbps == achieved * 2
+        assert again.copy_bandwidth_source == f"cuda events: 256 MiB copy; {tau.KEPT} (dated 2026-01-02)"
+    for name, change in [("another-gpu", {"gpu_name": "NVIDIA H100 PCIe"}),
+                         ("below", {"copy_bandwidth_gbps": achieved / 2}),
+                         ("achieved", {"copy_bandwidth_source": "max achieved in the results (no copy measured)"})]:
+        folder = tmp_path / name
+        written = thresholds.write_profile(Profile(**{**first.__dict__, **measured, **change}), folder)
+        written.rename(folder / f"{first.slug}.toml")  # the same file name whatever the GPU
+        assert calibrated(folder).copy_bandwidth_gbps == pytest.approx(achieved), name
 
 
 def test_cli_prints_the_rule_and_writes(tmp_path):

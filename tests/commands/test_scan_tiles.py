@@ -14,7 +14,7 @@ def test_variants_map_to_the_kernels_tile_rule_keywords():
     assert scan_tiles.tiling("l64+t512") == {"late_load_bytes": 65536, "tile_max_bytes": 512 * 1024}
 
 
-@pytest.mark.parametrize("bad", ["x4", "w", "w0", "t-1", "g1.5", "f2", "f"])
+@pytest.mark.parametrize("bad", ["x4", "w", "w0", "t-1", "g1.5", "f2", "f", "l", "l0"])
 def test_unknown_variant_parts_are_refused(bad):
     with pytest.raises(ValueError, match="unknown variant part"):
         scan_tiles.tiling(bad)

@@ -146,8 +146,10 @@ TILINGS = [{}, {"tile_waves": 4}, {"tile_waves": 2, "look_back_groups": 256},
            {"tile_max_bytes": 1 << 20}, {"look_back_groups": 65536, "tile_waves": 16},
            {"tile_max_bytes": 32 * 1024, "look_back_groups": 65536},
            {"fixed_chunks": 1}, {"fixed_chunks": 1, "tile_max_bytes": 32 * 1024},
-           # a chunk's first copy round loaded after the look-back: at every chunk, at none, at 32 KiB chunks
-           {"late_load_bytes": 1}, {"late_load_bytes": 1 << 30}, {"late_load_bytes": 1, "tile_max_bytes": 32 * 1024},
+           # a chunk's first copy round loaded after the look-back: at every chunk of a one-wave grid, at none, at
+           # 32 KiB chunks
+           {"late_load_bytes": 1}, {"late_load_bytes": 1 << 30},
+           {"late_load_bytes": 1, "tile_max_bytes": 32 * 1024},
            # tiles of 1 MiB: more accepted rows than the kernel's shift table holds (kShiftRows = 2048), so a
            # unit's source is found by the binary search over the sequences' unit ends (SearchUnitEnds); tiles of
            # 256 KiB: exactly 2048 rows below (the table's last row)
@@ -159,8 +161,10 @@ TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5
                 # slabs of two copy rounds, one block each from b = SMs (132 on an H200) up; chunked below
                 VerifyConfig(256, 8, 0.3, kv_dim=4096), VerifyConfig(132, 32, 0.9, kv_dim=1024),
                 VerifyConfig(131, 32, 0.9, kv_dim=1024),
-                # chunks of 128 KiB, which load their first copy round after the look-back by default (kLateLoadBytes)
+                # chunks of 128 KiB, which load their first copy round after the look-back by default (kLateLoadBytes);
+                # then with nothing accepted, so every chunk 0 publishes and copies nothing on the late path
                 VerifyConfig(256, 32, 0.3, kv_dim=4096),
+                VerifyConfig(256, 32, 0.3, kv_dim=4096, dist="fixed", fixed_length=0),
                 # 1,024 slabs of 1 KiB a tile at 1 MiB tiles, ~7 of 8 rows accepted: ~7,000 rows, past the shift table
                 VerifyConfig(4096, 8, 0.9, kv_dim=64),
                 # every row accepted: 256 slabs of 1 KiB a tile at 256 KiB tiles fill the shift table to its last row
