@@ -664,6 +664,7 @@ def calibrate_tau_command(
     sweep_out: Annotated[str, typer.Option(help="Where the mini-sweep writes its results when none are given.")] = "results/calibrate-tau",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Fit and print, but write no profile.")] = False,
     seed: Annotated[int, typer.Option(help="Bootstrap seed (τ band).")] = 0,
+    copy_gbps: Annotated[float | None, typer.Option(help="Offline: the GPU's device-to-device copy bandwidth in GB/s (bytes read + written), measured on that GPU (calibrate_tau.measure_copy_bandwidth_gbps); the profile's copy ceiling, which the report's floors read. Default: measured here on a GPU of the results' kind, else the replaced profile's measured one, else the results' best achieved.")] = None,
 ) -> None:
     """Which verify_pack implementation wins at each size of accepted KV: a per-size rule (or, with
     --small/--large, one threshold τ between two), written to the GPU's profile for impl="auto"."""
@@ -672,7 +673,7 @@ def calibrate_tau_command(
     pair = small is not None or large is not None
     names = parse_name_list(impls)
     options = dict(impls=names or None, small=small, large=large, view=view, gpu_name=gpu, profiles_dir=profiles,
-                   write=not dry_run, seed=seed, tolerance=tolerance)
+                   write=not dry_run, seed=seed, tolerance=tolerance, copy_gbps=copy_gbps)
     if results:
         result = tau.calibrate(results, **options)
     else:
@@ -703,6 +704,10 @@ def calibrate_tau_command(
     if result.fused is not None:
         console.print(result.fused.message(), highlight=False)
     console.print(f"[bold]{result.profile.rule()}[/]", highlight=False)
+    if not result.profile.copy_bandwidth_source.startswith("cuda events"):
+        err_console.print(f"note: no copy ceiling was measured, so the profile's is the results' best achieved "
+                          f"({result.profile.copy_bandwidth_gbps:.0f} GB/s; warm-L2 rows can beat a DRAM copy): "
+                          "give the one measured on that GPU with --copy-gbps", highlight=False)
     if result.path is not None:
         console.print(f"wrote {result.path}")
 

@@ -477,11 +477,16 @@ def _rows_for_gpu(rows: list[dict], gpu_name: str | None) -> list[dict]:
 
 def calibrate(paths, *, impls=None, small: str | None = None, large: str | None = None, view: str = "wall",
               gpu_name: str | None = None, profiles_dir=None, write: bool = True, seed: int = 0, n_boot: int = 200,
-              tolerance: float = MERGE_TOLERANCE, swept=None) -> Calibration:
+              tolerance: float = MERGE_TOLERANCE, swept=None, copy_gbps: float | None = None) -> Calibration:
     """Fit the dispatcher rule from verify_pack results and write the GPU's profile: the per-size race over
     impls (default DEFAULT_CANDIDATES), or τ between small and large when either is given (the other then
     defaults to the study's). swept: the folder a mini-sweep wrote, when the caller ran one, recorded in the
-    result. It reads results; it never measures."""
+    result. It reads results; it measures only the copy ceiling, on a GPU of the results' kind.
+
+    copy_gbps: the copy ceiling measured on the results' GPU elsewhere (offline calibration). Without it and
+    without that GPU here, the replaced profile's measured ceiling is kept when it may be, else the results'
+    best achieved bandwidth stands in; warm-L2 rows can beat a DRAM copy, so that stand-in can sit well above
+    the real ceiling (and the report's floors with it)."""
     import sdbench
 
     if view not in ("wall", "graph", "gpu", "cpu"):
@@ -491,6 +496,8 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
         raise SdbenchError("give either --impls (the per-size race) or --small/--large (one τ between two), not both")
     if not 0 <= tolerance < 1:
         raise SdbenchError(f"--tolerance must be in [0, 1) (e.g. 0.01: the rule may cost 1% over the best), got {tolerance}")
+    if copy_gbps is not None and not (math.isfinite(copy_gbps) and copy_gbps > 0):
+        raise SdbenchError(f"--copy-gbps must be a positive bandwidth in GB/s (bytes read + written), got {copy_gbps}")
     if not paths:
         raise SdbenchError("no results given: pass verify_pack sweep results (or let the CLI run the mini-sweep)")
     rows = _rows_for_gpu(results.read_checked_rows(paths), gpu_name)
@@ -501,10 +508,12 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
         fit = _fit_race(rows, impls, view, tolerance)
         fused = fused_vs_two_step(fit.points, fit.impls)
     bandwidth, source = None, ""
+    if copy_gbps is not None:
+        bandwidth, source = copy_gbps, GIVEN_COPY
     try:
         import torch
 
-        if torch.cuda.is_available() and torch.cuda.get_device_name() == rows[0].get("gpu_name"):
+        if bandwidth is None and torch.cuda.is_available() and torch.cuda.get_device_name() == rows[0].get("gpu_name"):
             bandwidth, source = measure_copy_bandwidth_gbps(), "cuda events: 256 MiB device-to-device copy"
     except RuntimeError:
         bandwidth = None
@@ -521,6 +530,8 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
 
 
 KEPT = "kept from the profile this one replaced"
+# "cuda events" first: a later offline calibration keeps it like one measured here.
+GIVEN_COPY = "cuda events: device-to-device copy measured on this GPU elsewhere, given with --copy-gbps"
 
 
 def _measured_bandwidth_of_the_replaced_profile(rows: list[dict], directory) -> tuple[float | None, str]:

@@ -123,6 +123,40 @@ def test_offline_recalibration_keeps_the_measured_copy_bandwidth(tmp_path, monke
         assert calibrated(folder).copy_bandwidth_gbps == pytest.approx(achieved), name
 
 
+def test_a_given_copy_ceiling_is_the_profiles_and_a_later_offline_run_keeps_it(tmp_path, monkeypatch):
+    """--copy-gbps (a ceiling measured on the results' GPU elsewhere) replaces the results' best achieved, even
+    above a replaced profile's measured one, and is kept like a measured one by the next offline calibration."""
+    def no_gpu():
+        raise RuntimeError("no GPU of that kind here")
+
+    monkeypatch.setattr(tau, "measure_copy_bandwidth_gbps", no_gpu)
+    results = [_write(tmp_path, PLANTED)]
+    profiles = tmp_path / "profiles"
+    achieved = tau.calibrate(results, small=SMALL, large=LARGE, write=False).profile.copy_bandwidth_gbps
+    given = tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=profiles, copy_gbps=achieved * 3)
+    written = thresholds.read_profile(given.path)
+    assert written.copy_bandwidth_gbps == pytest.approx(achieved * 3)
+    assert written.copy_bandwidth_source == tau.GIVEN_COPY
+    later = thresholds.read_profile(tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=profiles).path)
+    assert later.copy_bandwidth_gbps == pytest.approx(achieved * 3) and tau.KEPT in later.copy_bandwidth_source
+    for bad in (0.0, -5.0, math.inf, math.nan):
+        with pytest.raises(SdbenchError, match="--copy-gbps"):
+            tau.calibrate(results, small=SMALL, large=LARGE, write=False, copy_gbps=bad)
+
+
+def test_cli_takes_a_copy_ceiling_and_says_when_it_has_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(tau, "measure_copy_bandwidth_gbps", lambda: (_ for _ in ()).throw(RuntimeError("no GPU")))
+    path = _write(tmp_path, PLANTED)
+    base = ["calibrate-tau", str(path), "--small", SMALL, "--large", LARGE, "--profiles"]
+    result = runner.invoke(app, [*base, str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert "--copy-gbps" in result.output  # the best achieved stood in: the CLI says so
+    result = runner.invoke(app, [*base, str(tmp_path / "b"), "--copy-gbps", "2828.5"])
+    assert result.exit_code == 0, result.output
+    assert "--copy-gbps" not in result.output
+    assert thresholds.read_profile(tmp_path / "b" / "nvidia-h100-80gb-hbm3.toml").copy_bandwidth_gbps == 2828.5
+
+
 def test_cli_prints_the_rule_and_writes(tmp_path):
     path = _write(tmp_path, PLANTED)
     result = runner.invoke(app, ["calibrate-tau", str(path), "--small", SMALL, "--large", LARGE, "--profiles", str(tmp_path / "p")])

@@ -506,6 +506,24 @@ def test_every_plot_has_labelled_ticks_on_every_axis(tmp_path, spread):
         plt.close(figure)
 
 
+@pytest.mark.parametrize("high, most", [(256 * 10**7, 9), (256 * 10**3, 12)])
+def test_a_wide_log_axis_labels_powers_of_ten_only(high, most):
+    """Bytes from 256 B to 2.6 GB (the scale-kv grid) put 24 labels at 1, 2 and 5 of each decade on top of each
+    other; past MAX_DECADES_AT_125 decades only powers of ten are labelled. Three decades keep 1, 2, 5."""
+    import matplotlib.pyplot as plt
+
+    from sdbench.commands.report import plots
+
+    figure, axis = plt.subplots()
+    axis.plot([256, high], [1, 100])
+    plots.readable_axis(axis, [256, high], "x")
+    figure.canvas.draw()
+    labels = _labelled_ticks(axis, "x")
+    assert 2 <= len(labels) <= most, labels
+    assert any(label.startswith("2") for label in labels) == (high < 10**plots.MAX_DECADES_AT_125 * 256), labels
+    plt.close(figure)
+
+
 def test_plots_draw_one_panel_per_value_of_every_axis_they_do_not_show(gpu_report):
     """b ∈ {4, 32}, γ ∈ {8, 64, 128}, α ∈ {0.3, 0.6, 0.9}, kv_dim ∈ {128, 2048} (verify has no kv_dim)."""
     import matplotlib.pyplot as plt

@@ -83,9 +83,14 @@ def _panels(plt, count: int, width: float = 4.2, height: float = 3.4, sharey: bo
     return fig, flat[:count]
 
 
+MAX_DECADES_AT_125 = 4  # readable_axis: a log axis labels 1, 2 and 5 of each decade up to this span
+
+
 def readable_axis(axis, values: list[float], which: str = "y") -> None:
     """Log scale with labelled ticks where the data spans a decade or more, else linear: a log axis over
-    less than a decade has no labelled major tick (the plots used to show one "100", or none)."""
+    less than a decade has no labelled major tick (the plots used to show one "100", or none). Labels at 1, 2
+    and 5 of each decade up to MAX_DECADES_AT_125 decades; past that only at powers of ten (bytes from 256 B
+    to 4 GB put 24 labels on top of each other)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     positive = [value for value in values if value and value > 0]
@@ -94,7 +99,8 @@ def readable_axis(axis, values: list[float], which: str = "y") -> None:
         return
     (axis.set_yscale if which == "y" else axis.set_xscale)("log")
     target = axis.yaxis if which == "y" else axis.xaxis
-    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    wide = max(positive) / min(positive) > 10**MAX_DECADES_AT_125
+    target.set_major_locator(LogLocator(base=10, subs=(1.0,) if wide else (1.0, 2.0, 5.0)))
     target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     target.set_minor_formatter(NullFormatter())
 
