@@ -1,7 +1,8 @@
-"""`fused` (verify_pack) picks its one-launch kernel from the batch size alone: csrc/fused.cu's
-replicated driver up to FUSED_REPLICATED_MAX_BATCH, the single-pass scan kernel above, fused.cu again
-past the scan's batch limit. The kernels themselves are checked on a GPU (tests/gpu); here a stand-in
-for the extension records which op a prepared run launches, with which state."""
+"""`fused` (verify_pack) picks its one-launch kernel from shapes alone: the single-block kernel for tiny work
+(B <= TINY_MAX_BATCH, γ <= TINY_MAX_GAMMA, γ · row bytes <= TINY_MAX_SEQUENCE_BYTES), csrc/fused.cu's replicated
+driver up to FUSED_REPLICATED_MAX_BATCH, the single-pass scan kernel above, fused.cu again past the scan's batch
+limit. The kernels themselves are checked on a GPU (tests/gpu); here a stand-in for the extension records which
+op a prepared run launches, with which state."""
 
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ def launched(monkeypatch):
     def op(name):
         return lambda *args: calls.append((name, args))
 
-    fake = SimpleNamespace(fused=op("fused"), fused_scan=op("fused_scan"))
+    fake = SimpleNamespace(fused=op("fused"), fused_scan=op("fused_scan"), fused_single_block=op("fused_single_block"))
     monkeypatch.setattr(cuda_impls, "cuda_ops", lambda: fake)
     monkeypatch.setattr(scan_impls, "cuda_ops", lambda: fake)
     state = torch.zeros(pack_scan_impls.SCAN_STATE_ELEMS, dtype=torch.int64)
@@ -30,11 +31,25 @@ def launched(monkeypatch):
     return calls, state
 
 
-@pytest.mark.parametrize("batch, kernel", [(1, "fused"), (cuda_impls.FUSED_REPLICATED_MAX_BATCH, "fused"),
-                                           (cuda_impls.FUSED_REPLICATED_MAX_BATCH + 1, "fused_scan"), (300, "fused_scan")])
-def test_fused_launches_the_kernel_of_its_batch_size(launched, batch, kernel):
+TINY_B, TINY_G, TINY_BYTES = cuda_impls.TINY_MAX_BATCH, cuda_impls.TINY_MAX_GAMMA, cuda_impls.TINY_MAX_SEQUENCE_BYTES
+
+
+# (batch, γ, kv_dim, kv dtype) -> kernel; fp16 and bf16 rows are 2 bytes an element.
+@pytest.mark.parametrize("batch, gamma, kv_dim, kv_dtype, kernel", [
+    (1, 8, 16, "float16", "fused_single_block"),
+    (TINY_B, TINY_G, TINY_BYTES // (2 * TINY_G), "float16", "fused_single_block"),  # every bound met exactly
+    (TINY_B, 4, TINY_BYTES // (2 * 4), "bfloat16", "fused_single_block"),
+    (TINY_B + 1, 8, 16, "float16", "fused"),  # one sequence too many
+    (1, TINY_G + 1, 8, "float16", "fused"),  # γ past the measured range, however narrow the rows
+    (1, 8, TINY_BYTES // (2 * 8) + 8, "float16", "fused"),  # past 4 KiB of KV a sequence
+    (1, 4, TINY_BYTES // (2 * 4) + 1, "bfloat16", "fused"),  # one element a row past 4 KiB
+    (cuda_impls.FUSED_REPLICATED_MAX_BATCH, 8, 16, "float16", "fused"),
+    (cuda_impls.FUSED_REPLICATED_MAX_BATCH + 1, 8, 16, "float16", "fused_scan"),
+    (300, 8, 16, "float16", "fused_scan")])
+def test_fused_launches_the_kernel_of_its_shape(launched, batch, gamma, kv_dim, kv_dtype, kernel):
     calls, state = launched
-    workload = make_workload("verify_pack", VerifyConfig(batch, 8, 0.5, kv_dim=16), "cpu")
+    workload = make_workload("verify_pack", VerifyConfig(batch, gamma, 0.5, kv_dim=kv_dim, kv_dtype=kv_dtype), "cpu")
+    assert cuda_impls.one_launch_kernel(batch, gamma, kv_dim * workload.draft_kv.element_size()) == kernel
     run = registry.get("verify_pack", "fused").prepare(workload)
     run()
     assert [name for name, _ in calls] == [kernel]

@@ -18,6 +18,26 @@ SINGLE_BLOCK_MAX_BATCH = 32  # fused_single_block: one warp per sequence, one bl
 # grid (warm L2, GPU time): the replicated driver won 58 of 64 configs at b <= 8, the scan 157 of 158
 # from b = 256 up, and b = 32 split 14 / 16 (2 ties) (docs/perf-notes.md, "Tiles of one wave").
 FUSED_REPLICATED_MAX_BATCH = 16
+# ...except tiny work, which `fused` hands to the single-block kernel (fused_single_block): B <= 8, γ <= 32 and
+# at most 4 KiB of KV per sequence (γ · row bytes), where both run one block. On the H100's scale-kv grid
+# (2026-11-27) the single block was faster at all 80 config-states in that range (gpu and graph views, warm and
+# cold L2: median 0.69x / 0.77x of the replicated driver, worst 0.86x / 0.90x; about 1 µs less), and slower
+# past it (up to 1.75x at 16 KiB a sequence, b = 1, cold). Why the replicated block costs ~1 µs more there is
+# not yet known (docs/perf-notes.md, "Session 19"). The bounds are the grid's measured points, not a fit.
+TINY_MAX_BATCH = 8
+TINY_MAX_GAMMA = 32
+TINY_MAX_SEQUENCE_BYTES = 4096
+
+
+def one_launch_kernel(batch: int, gamma: int, row_bytes: int) -> str:
+    """The kernel `fused` launches for this shape: fused_single_block, fused (fused.cu's drivers) or fused_scan."""
+    from sdbench.ops.pack.scan_impls import SCAN_MAX_BATCH
+
+    if batch <= TINY_MAX_BATCH and gamma <= TINY_MAX_GAMMA and gamma * row_bytes <= TINY_MAX_SEQUENCE_BYTES:
+        return "fused_single_block"
+    if FUSED_REPLICATED_MAX_BATCH < batch <= SCAN_MAX_BATCH:
+        return "fused_scan"
+    return "fused"
 
 
 def _single_block_supports(cfg: VerifyConfig) -> str | None:
@@ -38,13 +58,14 @@ def _prepare_fused(op_name: str):
 
 
 def _prepare_one_launch(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
-    """`fused`: the one-launch kernel for this batch size (FUSED_REPLICATED_MAX_BATCH), chosen from shapes."""
-    from sdbench.ops.pack.scan_impls import SCAN_MAX_BATCH
+    """`fused`: the one-launch kernel for this shape (one_launch_kernel), chosen from shapes alone."""
     from sdbench.ops.verify_pack.scan_impls import prepare_fused_scan
 
-    if FUSED_REPLICATED_MAX_BATCH < w.config.batch_size <= SCAN_MAX_BATCH:
+    row_bytes = w.draft_kv.shape[-1] * w.draft_kv.element_size()
+    kernel = one_launch_kernel(w.config.batch_size, w.config.gamma, row_bytes)
+    if kernel == "fused_scan":
         return prepare_fused_scan(w, out)
-    return _prepare_fused("fused")(w, out)
+    return _prepare_fused(kernel)(w, out)
 
 
 def _prepare_ballot_pack_torch(w: VerifyWorkload) -> BufferedRun:
@@ -86,8 +107,9 @@ def _cuda(**fields) -> Implementation:
 _cuda(name="fused_single_block", launches=1, writes_into=True, supports=_single_block_supports, prepare=_prepare_fused("fused_single_block"),
       description="published fused kernel: one block, warp i verifies and copies sequence i (B <= 32)")
 _cuda(name="fused", launches=1, writes_into=True, supports=needs_kv, prepare=_prepare_one_launch,
-      description="verify + pack in one launch over the whole GPU, any B and kv_dim, no host sync: fused.cu's "
-                  f"drivers for B <= {FUSED_REPLICATED_MAX_BATCH}, the single-pass scan kernel above")
+      description="verify + pack in one launch over the whole GPU, any B and kv_dim, no host sync: the single-block "
+                  f"kernel for tiny work (B <= {TINY_MAX_BATCH}, <= {TINY_MAX_SEQUENCE_BYTES} B of KV a sequence), "
+                  f"fused.cu's drivers for B <= {FUSED_REPLICATED_MAX_BATCH}, the single-pass scan kernel above")
 _cuda(name="ballot+pack_torch", sync=True, supports=needs_kv, prepare=_prepare_ballot_pack_torch,
       description="ballot kernel, then eager draft_kv[mask] (data-dependent shape: syncs)")
 _cuda(name="ballot+pack_cuda", launches=2, writes_into=True, supports=needs_kv, prepare=_prepare_ballot_pack_cuda,
