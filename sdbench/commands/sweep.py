@@ -622,6 +622,12 @@ def _ready(impl: Implementation, workload, timed_workload, device: str) -> tuple
         if impl.op not in PROB_OPS:
             return "failed", f"parity: raised SdbenchError: {err}", None
         failure, note = None, f"parity not checked (no supplied randomness): {err}"
+    except torch.cuda.OutOfMemoryError as err:
+        # The check's reference and poisoned outputs did not fit beside the workload: this device's limit, not
+        # a wrong answer, so `error` (a `failed` row says the implementation disagreed with the reference).
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return "error", f"parity check ran out of device memory (not a wrong answer): {err}", None
     except Exception as err:  # a crashing kernel fails parity; it does not stop the sweep
         failure = f"raised {type(err).__name__}: {err}"
     if failure is not None:

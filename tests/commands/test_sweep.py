@@ -158,6 +158,27 @@ def test_failed_parity_is_recorded_and_not_timed(tmp_path, monkeypatch):
     assert by_impl["torch_eager"]["status"] == "ok"
 
 
+def test_parity_out_of_device_memory_is_an_error_not_a_failure(tmp_path, monkeypatch):
+    """Seen on the H100 at b = 65,536: the check's reference and poisoned outputs did not fit beside a 16 GiB
+    workload. A `failed` row would say the kernel disagreed with the reference."""
+    real_check = sweep.parity.check
+
+    def check(impl, workload):
+        if impl.name == "too_big":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+        return real_check(impl, workload)
+
+    impl = registry.Implementation(op="verify", name="too_big", backend="torch", description="", devices=("cpu",),
+                                   prepare=lambda w: lambda: {"accepted_lengths": w.accepted_lengths.clone()})
+    monkeypatch.setitem(registry._REGISTRY, impl.key, impl)
+    monkeypatch.setattr(sweep.parity, "check", check)
+    sweep.run_sweep(_spec(tmp_path, impls=["too_big", "torch_eager"], batch_sizes=[4], gammas=[8], alphas=[0.9]))
+    by_impl = {row["impl"]: row for row in results.read_rows(tmp_path)}
+    assert by_impl["too_big"]["status"] == "error", by_impl["too_big"]
+    assert "out of device memory" in by_impl["too_big"]["reason"] and "16.00 GiB" in by_impl["too_big"]["reason"]
+    assert by_impl["torch_eager"]["status"] == "ok"
+
+
 def test_prob_verify_without_implementations_is_a_clean_error(monkeypatch):
     original = registry.implementations
     monkeypatch.setattr(registry, "implementations", lambda op=None: [] if op == "prob_verify" else original(op))
