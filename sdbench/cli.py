@@ -704,7 +704,7 @@ def calibrate_tau_command(
     if result.fused is not None:
         console.print(result.fused.message(), highlight=False)
     console.print(f"[bold]{result.profile.rule()}[/]", highlight=False)
-    if not result.profile.copy_bandwidth_source.startswith("cuda events"):
+    if not tau.copy_ceiling_is_measured(result.profile.copy_bandwidth_source):
         err_console.print(f"note: no copy ceiling was measured, so the profile's is the results' best achieved "
                           f"({result.profile.copy_bandwidth_gbps:.0f} GB/s; warm-L2 rows can beat a DRAM copy): "
                           "give the one measured on that GPU with --copy-gbps", highlight=False)

@@ -209,10 +209,11 @@ def test_pack_clamps_and_flags_lengths_outside_0_gamma(batch):
     assert flags[:5].tolist() == [2, 2, 0, 0, 2]
 
 
-@pytest.mark.parametrize("op", ["pack", "verify_pack"])
-def test_misaligned_base_pointers(op):
-    """draft_kv starting 2 bytes past a 16-byte boundary: the kernels take the unaligned copy path."""
-    cfg = VerifyConfig(33, 8, 0.7, kv_dim=8, seed=6)
+@pytest.mark.parametrize("op, batch", [("pack", 33), ("verify_pack", 33), ("verify_pack", 5)])
+def test_misaligned_base_pointers(op, batch):
+    """draft_kv starting 2 bytes past a 16-byte boundary: the kernels take the unaligned copy path. B = 5 is
+    tiny work, where `fused` runs the single-block kernel (B = 33 is past fused_single_block's reach)."""
+    cfg = VerifyConfig(batch, 8, 0.7, kv_dim=8, seed=6)
     workload = make_workload(op, cfg, "cuda")
     storage = torch.empty(workload.draft_kv.numel() + 1, dtype=workload.draft_kv.dtype, device="cuda")
     shifted = storage[1:].view(workload.draft_kv.shape)
@@ -247,6 +248,7 @@ cases = [
     ("pack", "pack_cuda", VerifyConfig(4100, 2, 0.6, kv_dim=3)),
     ("verify_pack", "fused_single_block", VerifyConfig(5, 33, 0.6, kv_dim=120)),
     ("verify_pack", "fused", VerifyConfig(5, 33, 0.6, kv_dim=7, token_dtype="int32")),
+    ("verify_pack", "fused", VerifyConfig(5, 8, 0.6, kv_dim=7, token_dtype="int32")),  # tiny: the single block
     ("verify_pack", "fused", VerifyConfig(33, 1024, 0.9, kv_dim=3)),
     ("verify_pack", "ballot+pack_torch", VerifyConfig(5, 33, 0.6, kv_dim=8)),
     ("verify_pack", "ballot+pack_cuda", VerifyConfig(5, 33, 0.6, kv_dim=120)),

@@ -19,11 +19,12 @@ SINGLE_BLOCK_MAX_BATCH = 32  # fused_single_block: one warp per sequence, one bl
 # from b = 256 up, and b = 32 split 14 / 16 (2 ties) (docs/perf-notes.md, "Tiles of one wave").
 FUSED_REPLICATED_MAX_BATCH = 16
 # ...except tiny work, which `fused` hands to the single-block kernel (fused_single_block): B <= 8, γ <= 32 and
-# at most 4 KiB of KV per sequence (γ · row bytes), where both run one block. On the H100's scale-kv grid
-# (2026-11-27) the single block was faster at all 80 config-states in that range (gpu and graph views, warm and
-# cold L2: median 0.69x / 0.77x of the replicated driver, worst 0.86x / 0.90x; about 1 µs less), and slower
-# past it (up to 1.75x at 16 KiB a sequence, b = 1, cold). Why the replicated block costs ~1 µs more there is
-# not yet known (docs/perf-notes.md, "Session 19"). The bounds are the grid's measured points, not a fit.
+# at most 4 KiB of KV per sequence (γ · row bytes), where the replicated driver runs one or two blocks. On the
+# H100's scale-kv grid (2026-11-27) the single block was faster at all 80 config-states in that range (gpu and
+# graph views, warm and cold L2: median 0.69x / 0.77x of the replicated driver, worst 0.86x / 0.90x; about 1 µs
+# less). The bound is cautious: from 4 to 8 KiB a sequence it still won 27 of 32, from 8 to 16 KiB about half
+# (worst 1.75x), past that almost never (one warp copies a sequence). Why the replicated block costs ~1 µs more
+# is not yet known (docs/perf-notes.md, "Session 19"). The bounds are the grid's measured points, not a fit.
 TINY_MAX_BATCH = 8
 TINY_MAX_GAMMA = 32
 TINY_MAX_SEQUENCE_BYTES = 4096
@@ -107,9 +108,10 @@ def _cuda(**fields) -> Implementation:
 _cuda(name="fused_single_block", launches=1, writes_into=True, supports=_single_block_supports, prepare=_prepare_fused("fused_single_block"),
       description="published fused kernel: one block, warp i verifies and copies sequence i (B <= 32)")
 _cuda(name="fused", launches=1, writes_into=True, supports=needs_kv, prepare=_prepare_one_launch,
-      description="verify + pack in one launch over the whole GPU, any B and kv_dim, no host sync: the single-block "
-                  f"kernel for tiny work (B <= {TINY_MAX_BATCH}, <= {TINY_MAX_SEQUENCE_BYTES} B of KV a sequence), "
-                  f"fused.cu's drivers for B <= {FUSED_REPLICATED_MAX_BATCH}, the single-pass scan kernel above")
+      description="verify + pack in one launch, any B and kv_dim, no host sync: one block for tiny work "
+                  f"(B <= {TINY_MAX_BATCH}, γ <= {TINY_MAX_GAMMA}, <= {TINY_MAX_SEQUENCE_BYTES} B of KV a sequence), "
+                  f"else the whole GPU: fused.cu's drivers for B <= {FUSED_REPLICATED_MAX_BATCH}, the single-pass scan "
+                  "kernel above")
 _cuda(name="ballot+pack_torch", sync=True, supports=needs_kv, prepare=_prepare_ballot_pack_torch,
       description="ballot kernel, then eager draft_kv[mask] (data-dependent shape: syncs)")
 _cuda(name="ballot+pack_cuda", launches=2, writes_into=True, supports=needs_kv, prepare=_prepare_ballot_pack_cuda,
