@@ -507,16 +507,10 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
     else:
         fit = _fit_race(rows, impls, view, tolerance)
         fused = fused_vs_two_step(fit.points, fit.impls)
-    bandwidth, source = None, ""
     if copy_gbps is not None:
         bandwidth, source = copy_gbps, f"{GIVEN_COPY} ({datetime.date.today().isoformat()})"
-    try:
-        import torch
-
-        if bandwidth is None and torch.cuda.is_available() and torch.cuda.get_device_name() == rows[0].get("gpu_name"):
-            bandwidth, source = measure_copy_bandwidth_gbps(), "cuda events: 256 MiB device-to-device copy"
-    except RuntimeError:
-        bandwidth = None
+    else:
+        bandwidth, source = _copy_measured_here(rows[0].get("gpu_name"))
     if bandwidth is None:
         bandwidth, source = _measured_bandwidth_of_the_replaced_profile(rows, profiles_dir)
     profile = make_profile(fit, rows, view=view, copy_bandwidth_gbps=bandwidth, copy_bandwidth_source=source,
@@ -527,6 +521,18 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
 
         dispatch.reset()  # the next auto decision reads the new profile
     return Calibration(fit, profile, path, swept, fused)
+
+
+def _copy_measured_here(gpu_name: str | None) -> tuple[float | None, str]:
+    """The copy ceiling measured now, on this machine's GPU when it is the results' kind; (None, "") otherwise."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.get_device_name() == gpu_name:
+            return measure_copy_bandwidth_gbps(), "cuda events: 256 MiB device-to-device copy"
+    except RuntimeError:
+        pass
+    return None, ""
 
 
 KEPT = "kept from the profile this one replaced"

@@ -49,7 +49,7 @@ TINY_B, TINY_G, TINY_BYTES = cuda_impls.TINY_MAX_BATCH, cuda_impls.TINY_MAX_GAMM
 def test_fused_launches_the_kernel_of_its_shape(launched, batch, gamma, kv_dim, kv_dtype, kernel):
     calls, state = launched
     workload = make_workload("verify_pack", VerifyConfig(batch, gamma, 0.5, kv_dim=kv_dim, kv_dtype=kv_dtype), "cpu")
-    assert cuda_impls.one_launch_kernel(batch, gamma, kv_dim * workload.draft_kv.element_size()) == kernel
+    assert cuda_impls.one_launch_kernel(workload.config) == kernel
     run = registry.get("verify_pack", "fused").prepare(workload)
     run()
     assert [name for name, _ in calls] == [kernel]

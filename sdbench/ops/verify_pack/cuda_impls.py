@@ -30,11 +30,12 @@ TINY_MAX_GAMMA = 32
 TINY_MAX_SEQUENCE_BYTES = 4096
 
 
-def one_launch_kernel(batch: int, gamma: int, row_bytes: int) -> str:
+def one_launch_kernel(cfg: VerifyConfig) -> str:
     """The kernel `fused` launches for this shape: fused_single_block, fused (fused.cu's drivers) or fused_scan."""
     from sdbench.ops.pack.scan_impls import SCAN_MAX_BATCH
 
-    if batch <= TINY_MAX_BATCH and gamma <= TINY_MAX_GAMMA and gamma * row_bytes <= TINY_MAX_SEQUENCE_BYTES:
+    batch = cfg.batch_size
+    if batch <= TINY_MAX_BATCH and cfg.gamma <= TINY_MAX_GAMMA and cfg.kv_bytes // batch <= TINY_MAX_SEQUENCE_BYTES:
         return "fused_single_block"
     if FUSED_REPLICATED_MAX_BATCH < batch <= SCAN_MAX_BATCH:
         return "fused_scan"
@@ -62,8 +63,7 @@ def _prepare_one_launch(w: VerifyWorkload, out: Outputs | None = None) -> Buffer
     """`fused`: the one-launch kernel for this shape (one_launch_kernel), chosen from shapes alone."""
     from sdbench.ops.verify_pack.scan_impls import prepare_fused_scan
 
-    row_bytes = w.draft_kv.shape[-1] * w.draft_kv.element_size()
-    kernel = one_launch_kernel(w.config.batch_size, w.config.gamma, row_bytes)
+    kernel = one_launch_kernel(w.config)
     if kernel == "fused_scan":
         return prepare_fused_scan(w, out)
     return _prepare_fused(kernel)(w, out)
