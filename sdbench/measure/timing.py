@@ -505,13 +505,16 @@ def _measure_gpu(callables, device, options, flush) -> dict[str, ViewResult]:
             reason = f"torch.profiler (CUPTI) failed: {describe_error(err)}"
             settled.update({name: ViewResult(status="unavailable", reason=reason) for name in pending})
             break
+        for name in pending:  # it raised: that is its result, whatever else the session recorded
+            if results[name].status != "ok":
+                settled[name] = results[name]
         if not session.device_events:
             silent_sessions += 1
             continue
         for index, name in enumerate(pending):
-            if results[name].status != "ok":  # it raised: that is its result
-                settled[name] = results[name]
-            elif any(which == index for which, _ in session.unmatched_launches):
+            if name in settled:
+                continue
+            if any(which == index for which, _ in session.unmatched_launches):
                 lossy_sessions[name] += 1
             else:
                 results[name].samples_us = [session.per_iteration.get((index, i), 0.0) for i in range(session.iters)]

@@ -265,6 +265,18 @@ def test_gpu_view_keeps_the_error_of_a_callable_that_raised(monkeypatch):
     assert result["good"].samples_us == [2.0]
     assert result["bad"].status == "error" and "boom" in result["bad"].reason
 
+    sessions.clear()  # alone, it raised before launching anything: a silent session, but the error stands
+
+    def raises_alone(callables, device, options, flush, results):
+        sessions.append(list(callables))
+        timing._fail(results["bad"], torch.OutOfMemoryError("CUDA out of memory"), list(callables), "bad")
+        return _attribution({}, 0, 1)
+
+    monkeypatch.setattr(timing, "_profile_session", raises_alone)
+    result = timing._measure_gpu({"bad": lambda: None}, "cuda", options, None)
+    assert sessions == [["bad"]]
+    assert result["bad"].status == "error" and "OutOfMemoryError" in result["bad"].reason
+
 
 # --- noise-aware sampling: the criterion on synthetic samples -----------------------------------------
 def test_median_noise_is_the_order_statistic_standard_error():

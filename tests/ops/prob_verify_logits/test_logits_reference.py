@@ -207,6 +207,51 @@ def test_bench_rows_carry_the_floor_the_bytes_and_both_rules():
     assert 0 <= eager["expected_length_token"] <= 2 and 0 <= eager["expected_length_block"] <= 2
 
 
+def test_bench_times_alone_the_designs_that_do_not_fit_together(monkeypatch):
+    """A point whose designs' buffers do not fit at once (b = 512, V = 128256, fp32 on an 80 GB card): the
+    design that ran out of memory, in prepare or while timed, is timed again alone; one that never fits
+    is a row with its reason, and the rest keep their times."""
+    import sdbench.commands.logits_bench as bench
+    from sdbench import registry
+    from sdbench.registry import BufferedRun, Implementation
+
+    prepared = {"late": 0, "timed": 0}
+
+    def late(workload):  # runs out of memory while the other designs' buffers are resident (first prepare)
+        prepared["late"] += 1
+        if prepared["late"] == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return BufferedRun(lambda: None, {})
+
+    def timed(workload):  # its temporaries do not fit beside the others' buffers (the first prepare's calls)
+        prepared["timed"] += 1
+        first = prepared["timed"] == 1
+
+        def launch():
+            if first:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return BufferedRun(launch, {})
+
+    def never(workload):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    fakes = {name: Implementation(op="prob_verify_logits", name=name, backend="torch", description="",
+                                  prepare=prepare, devices=("cpu",))
+             for name, prepare in (("late", late), ("timed", timed), ("never", never))}
+    real_get = registry.get
+    monkeypatch.setattr(registry, "get", lambda op, name: fakes.get(name) or real_get(op, name))
+    cfg = LogitsConfig(2, 2, vocab_size=16, seed=1)
+
+    def point(names):
+        return {row["design"]: row for row in bench.time_point(cfg, names, False, 3.0, views=("cpu",), device="cpu",
+                                                               means=False)}
+    rows = point(["torch_eager", "timed"])  # prepared together; "timed" raises while timed, then runs alone
+    rows |= point(["torch_eager", "late", "never"])  # "late" stops the joint prepare: each alone
+    assert prepared == {"late": 2, "timed": 2}
+    assert all(rows[name]["cpu_us"] > 0 and rows[name]["reason"] == "" for name in ("torch_eager", "late", "timed"))
+    assert "cpu_us" not in rows["never"] and rows["never"]["reason"].startswith("out of memory")
+
+
 def test_bench_expected_lengths_over_batch_chunks_equal_the_whole_batch(monkeypatch):
     """logits_bench's chunked expectation equals one call over the whole batch with the same draws (the same
     generator stream: multinomial draws rows in order, so chunks of whole requests consume it alike)."""
