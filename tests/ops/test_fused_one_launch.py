@@ -41,8 +41,8 @@ TINY_B, TINY_G, TINY_BYTES = cuda_impls.TINY_MAX_BATCH, cuda_impls.TINY_MAX_GAMM
     (TINY_B, 4, TINY_BYTES // (2 * 4), "bfloat16", "fused_single_block"),
     (TINY_B + 1, 8, 16, "float16", "fused"),  # one sequence too many
     (1, TINY_G + 1, 8, "float16", "fused"),  # γ past the measured range, however narrow the rows
-    (1, 8, TINY_BYTES // (2 * 8) + 8, "float16", "fused"),  # past 4 KiB of KV a sequence
-    (1, 4, TINY_BYTES // (2 * 4) + 1, "bfloat16", "fused"),  # one element a row past 4 KiB
+    (1, 8, TINY_BYTES // (2 * 8) + 8, "float16", "fused"),  # past the bound on KV a sequence
+    (1, 4, TINY_BYTES // (2 * 4) + 1, "bfloat16", "fused"),  # one element a row past the bound
     (cuda_impls.FUSED_REPLICATED_MAX_BATCH, 8, 16, "float16", "fused"),
     (cuda_impls.FUSED_REPLICATED_MAX_BATCH + 1, 8, 16, "float16", "fused_scan"),
     (300, 8, 16, "float16", "fused_scan")])

@@ -19,15 +19,18 @@ SINGLE_BLOCK_MAX_BATCH = 32  # fused_single_block: one warp per sequence, one bl
 # from b = 256 up, and b = 32 split 14 / 16 (2 ties) (docs/perf-notes.md, "Tiles of one wave").
 FUSED_REPLICATED_MAX_BATCH = 16
 # ...except tiny work, which `fused` hands to the single-block kernel (fused_single_block): B <= 8, γ <= 32 and
-# at most 4 KiB of KV per sequence (γ · row bytes), where the replicated driver runs one or two blocks. On the
-# H100's scale-kv grid (2026-11-27) the single block was faster at all 80 config-states in that range (gpu and
-# graph views, warm and cold L2: median 0.69x / 0.77x of the replicated driver, worst 0.86x / 0.90x; about 1 µs
-# less). The bound is cautious: from 4 to 8 KiB a sequence it still won 27 of 32, from 8 to 16 KiB about half
-# (worst 1.75x), past that almost never (one warp copies a sequence). Why the replicated block costs ~1 µs more
-# is not yet known (docs/perf-notes.md, "Session 19"). The bounds are the grid's measured points, not a fit.
+# at most 8 KiB of KV per sequence (γ · row bytes), where the replicated driver runs one or two blocks. On the
+# H100's scale-kv grid (2026-11-27, before this routing) the single block was faster at all 80 config-states up
+# to 4 KiB a sequence (gpu and graph views, warm and cold L2: median 0.69x / 0.77x of the replicated driver,
+# worst 0.86x / 0.90x; about 1 µs less), and at 8 KiB a sequence it won 27 of 32, the rest ties of 1.00-1.03x
+# (cold L2, b = 8). A second H100 run (session 20: γ = 32, kv_dim 128, b = 1 and 8) agreed: 0.75-0.87x warm,
+# 0.82-1.03x cold. From 8 to 16 KiB it wins about half (worst 1.75x), past that almost never (one warp copies a
+# sequence); at b = 32 it wins only below ~2 KiB a sequence, by 0.83-0.94x, which this rule leaves to the
+# replicated driver. Why the replicated block costs ~1 µs more is not yet known (docs/perf-notes.md,
+# "Session 19"). The bounds are the grid's measured points, not a fit.
 TINY_MAX_BATCH = 8
 TINY_MAX_GAMMA = 32
-TINY_MAX_SEQUENCE_BYTES = 4096
+TINY_MAX_SEQUENCE_BYTES = 8192
 
 
 def one_launch_kernel(cfg: VerifyConfig) -> str:
