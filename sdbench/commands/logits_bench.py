@@ -101,15 +101,17 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
             timings.pop(name, None)
             reasons[name] = "out of memory: its buffers beside the inputs do not fit this GPU"
         _release(device)
-    for name, views_timed in timings.items():  # a view that raised gives the row its reason
-        failed = [result.reason for result in views_timed.values() if result.stats is None and result.reason]
-        if failed:
-            reasons[name] = failed[0]
+    for name, views_timed in timings.items():  # a view with no number says why, under its name
+        missing = [f"{view}: {result.reason}" for view, result in views_timed.items()
+                   if result.stats is None and result.reason]
+        if missing:
+            reasons[name] = "; ".join(missing)
     rows = []
     for name in [*timings, *(name for name in reasons if name not in timings)]:
         row = {"design": name, "rule": cfg.rule, "batch": cfg.batch_size, "gamma": cfg.gamma, "vocab": cfg.vocab_size,
                "dtype": cfg.logits_dtype, "l2": "cold" if cold_l2 else "warm", "floor_bytes": floor_bytes,
-               "copy_tbps": round(tbps, 3), "floor_us": round(floor_us, 2), "reason": reasons.get(name, "")}
+               "copy_tbps": round(tbps, 3), "floor_us": round(floor_us, 2), "reason": reasons.get(name, ""),
+               "timed_alone": name in alone}  # not interleaved with the other designs: they did not fit beside it
         moved = design_bytes(cfg, BYTES_DESIGN.get(name, "softmax_then_prob"))
         row.update(read_bytes=moved["read"], written_bytes=moved["written"],
                    read_bytes_per_row=moved["read"] // (cfg.batch_size * (2 * cfg.gamma + 1)))
@@ -130,7 +132,8 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
 
 
 def _out_of_memory(views_timed) -> bool:
-    return any(result.status == "error" and "OutOfMemoryError" in (result.reason or "") for result in views_timed.values())
+    """A view that ran out of device memory: the design raised it (error), or the profiler session did (unavailable)."""
+    return any("OutOfMemoryError" in (result.reason or "") for result in views_timed.values())
 
 
 def _release(device: str) -> None:

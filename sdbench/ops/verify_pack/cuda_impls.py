@@ -23,7 +23,7 @@ FUSED_REPLICATED_MAX_BATCH = 16
 # H100's scale-kv grid (2026-11-27, before this routing) the single block was faster at all 80 config-states up
 # to 4 KiB a sequence (gpu and graph views, warm and cold L2: median 0.69x / 0.77x of the replicated driver,
 # worst 0.86x / 0.90x; about 1 µs less), and at 8 KiB a sequence it won 27 of 32, the rest ties of 1.00-1.03x
-# (cold L2, b = 8). A second H100 run (session 20: γ = 32, kv_dim 128, b = 1 and 8) agreed: 0.75-0.87x warm,
+# (cold L2, b = 8). A second H100 run (session 20: γ = 32, kv_dim 128, b = 1 and 8) agreed: 0.74-0.86x warm,
 # 0.82-1.03x cold. From 8 to 16 KiB it wins about half (worst 1.75x), past that almost never (one warp copies a
 # sequence); at b = 32 it wins only below ~2 KiB a sequence, by 0.83-0.94x, which this rule leaves to the
 # replicated driver. Why the replicated block costs ~1 µs more is not yet known (docs/perf-notes.md,

@@ -208,47 +208,58 @@ def test_bench_rows_carry_the_floor_the_bytes_and_both_rules():
 
 
 def test_bench_times_alone_the_designs_that_do_not_fit_together(monkeypatch):
-    """A point whose designs' buffers do not fit at once (b = 512, V = 128256, fp32 on an 80 GB card): the
-    design that ran out of memory, in prepare or while timed, is timed again alone; one that never fits
-    is a row with its reason, and the rest keep their times."""
+    """A point whose designs' buffers do not fit at once (b = 512, V = 128256, fp32 on an 80 GB card): only
+    the design that ran out of memory, in prepare or while timed, is timed again alone, with the collector
+    run first; one that never fits, or raises otherwise, is a row with its reason and no time; the rest
+    keep their joint times."""
     import sdbench.commands.logits_bench as bench
     from sdbench import registry
     from sdbench.registry import BufferedRun, Implementation
 
-    prepared = {"late": 0, "timed": 0}
+    def oom():
+        return torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    def late(workload):  # runs out of memory while the other designs' buffers are resident (first prepare)
-        prepared["late"] += 1
-        if prepared["late"] == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return BufferedRun(lambda: None, {})
+    prepared = {name: 0 for name in ("fits", "late", "timed", "never", "twice", "broken")}
 
-    def timed(workload):  # its temporaries do not fit beside the others' buffers (the first prepare's calls)
-        prepared["timed"] += 1
-        first = prepared["timed"] == 1
+    def fake(name, fail_prepare=lambda count: False, fail_launch=lambda count: False, error=oom):
+        def prepare(workload):
+            prepared[name] += 1
+            count = prepared[name]
+            if fail_prepare(count):
+                raise error()
 
-        def launch():
-            if first:
-                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return BufferedRun(launch, {})
+            def launch():
+                if fail_launch(count):
+                    raise error()
+            return BufferedRun(launch, {})
+        return Implementation(op="prob_verify_logits", name=name, backend="torch", description="",
+                              prepare=prepare, devices=("cpu",))
 
-    def never(workload):
-        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-
-    fakes = {name: Implementation(op="prob_verify_logits", name=name, backend="torch", description="",
-                                  prepare=prepare, devices=("cpu",))
-             for name, prepare in (("late", late), ("timed", timed), ("never", never))}
+    fakes = {impl.name: impl for impl in (
+        fake("fits"),
+        fake("late", fail_prepare=lambda count: count == 1),  # no room beside the others' buffers
+        fake("timed", fail_launch=lambda count: count == 1),  # its temporaries do not fit beside them
+        fake("never", fail_prepare=lambda count: True),
+        fake("twice", fail_prepare=lambda count: count == 2, fail_launch=lambda count: count == 1),
+        fake("broken", fail_launch=lambda count: True, error=lambda: RuntimeError("bad launch")))}
     real_get = registry.get
     monkeypatch.setattr(registry, "get", lambda op, name: fakes.get(name) or real_get(op, name))
+    collected = []
+    monkeypatch.setattr(bench.gc, "collect", lambda: collected.append(1))
     cfg = LogitsConfig(2, 2, vocab_size=16, seed=1)
 
     def point(names):
         return {row["design"]: row for row in bench.time_point(cfg, names, False, 3.0, views=("cpu",), device="cpu",
                                                                means=False)}
-    rows = point(["torch_eager", "timed"])  # prepared together; "timed" raises while timed, then runs alone
-    rows |= point(["torch_eager", "late", "never"])  # "late" stops the joint prepare: each alone
-    assert prepared == {"late": 2, "timed": 2}
-    assert all(rows[name]["cpu_us"] > 0 and rows[name]["reason"] == "" for name in ("torch_eager", "late", "timed"))
+    rows = point(["fits", "timed", "twice", "broken"])  # prepared together; two ran out of memory while timed
+    assert prepared == {"fits": 1, "late": 0, "timed": 2, "never": 0, "twice": 2, "broken": 1}
+    assert len(collected) >= 3  # before the designs timed alone, and after each
+    assert [rows[name]["timed_alone"] for name in ("fits", "timed", "twice", "broken")] == [False, True, True, False]
+    assert rows["twice"]["reason"].startswith("out of memory") and "cpu_us" not in rows["twice"]
+    assert "cpu: raised RuntimeError: bad launch" in rows["broken"]["reason"] and rows["broken"]["cpu_us"] == ""
+    rows |= point(["fits", "late", "never"])  # "late" stops the joint prepare: each alone
+    assert prepared["fits"] == 3 and prepared["late"] == 2 and prepared["never"] == 1  # the joint prepare stopped at "late"
+    assert all(rows[name]["cpu_us"] > 0 and rows[name]["reason"] == "" for name in ("fits", "late", "timed"))
     assert "cpu_us" not in rows["never"] and rows["never"]["reason"].startswith("out of memory")
 
 
