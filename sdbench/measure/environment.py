@@ -7,6 +7,7 @@ Keys are the results-schema column names (docs/results-schema.md).
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
 import socket
 import subprocess
@@ -40,20 +41,39 @@ def _run(command: list[str], cwd: Path | None = None) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def _run_bytes(command: list[str], cwd: Path | None = None) -> bytes | None:
+    """stdout exactly as written (a diff's bytes), or None."""
+    try:
+        done = subprocess.run(command, cwd=cwd, capture_output=True, timeout=_COMMAND_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def _triton_version() -> str | None:
     import triton
 
     return triton.__version__
 
 
-def _git_sha() -> str | None:
-    """HEAD of the checkout sdbench runs from, with '-dirty' when tracked files differ from it."""
-    root = Path(sdbench.__file__).resolve().parent.parent
+DIFF_DIGEST_CHARS = 12
+
+
+def _git_sha(root: Path | None = None) -> str | None:
+    """HEAD of the checkout sdbench runs from; when tracked files differ from it, '-dirty+' and a digest of
+    those differences, so two runs of different edits on one commit never share a sha. A checkout copied
+    to a GPU host can keep an old HEAD under newer files (seen in session 20): the digest still names the
+    code. It is the first DIFF_DIGEST_CHARS hex digits of the SHA-256 of `git diff --full-index --binary
+    HEAD`; the same digits from `git diff --full-index --binary <sha> <commit>` show a commit holds that code."""
+    root = root or Path(sdbench.__file__).resolve().parent.parent
     sha = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if not sha:
         return None
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
-    return f"{sha}-dirty" if dirty else sha
+    if not dirty:
+        return sha
+    diff = _run_bytes(["git", "diff", "--full-index", "--binary", "HEAD"], cwd=root)
+    return f"{sha}-dirty+{hashlib.sha256(diff).hexdigest()[:DIFF_DIGEST_CHARS]}" if diff is not None else f"{sha}-dirty"
 
 
 @functools.cache
