@@ -26,6 +26,7 @@ from collections.abc import Iterable
 import torch
 
 from sdbench import registry
+from sdbench.measure import environment
 from sdbench.ops.prob_verify_logits.reference import expected_accepted_lengths
 from sdbench.ops.prob_verify_logits.workload import (
     LogitsConfig,
@@ -37,6 +38,8 @@ from sdbench.ops.prob_verify_logits.workload import (
 
 DESIGNS = ("fused_logits", "vllm_v2_style", "softmax_fused_prob", "softmax_flashinfer", "torch_eager")
 BYTES_DESIGN = {"fused_logits": "fused_logits", "vllm_v2_style": "vllm_v2_style"}  # the rest: softmax_then_prob
+# Each row says where and with what code it was measured (the sweep's parquet carries every environment column).
+PROVENANCE = ("gpu_name", "driver", "torch_version", "triton_version", "git_sha", "sm_clock_mhz")
 BATCHED_FIELDS = ("draft_tokens", "target_logits", "draft_logits", "target_temperature", "draft_temperature",
                   "uniforms", "exponential_noise")
 # Requests per chunk of the expectations: each costs (2γ+1)·V·draws float64 values of p, q, gathers and
@@ -121,6 +124,9 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
             if view in ("gpu", "cpu") and stats:
                 row["vs_floor_plus_3us"] = round(stats.median_us / (1.3 * floor_us + 3.0), 3)
         rows.append(row)
+    where = {name: value for name, value in environment.collect(device).items() if name in PROVENANCE}
+    for row in rows:
+        row.update(where)
     if means:
         lengths = _expected_lengths(cfg, workload)
         for row in rows:

@@ -205,6 +205,10 @@ def test_bench_rows_carry_the_floor_the_bytes_and_both_rules():
     assert eager["vs_floor_plus_3us"] == pytest.approx(eager["cpu_us"] / (1.3 * eager["floor_us"] + 3.0), rel=1e-2)
     assert flashinfer["reason"] and "cpu_us" not in flashinfer
     assert 0 <= eager["expected_length_token"] <= 2 and 0 <= eager["expected_length_block"] <= 2
+    from sdbench.measure import environment
+
+    assert eager["gpu_name"] is None and eager["torch_version"] == torch.__version__  # where and with what
+    assert eager["git_sha"] == environment.software()["git_sha"] and "sm_clock_mhz" in flashinfer
 
 
 def test_bench_times_alone_the_designs_that_do_not_fit_together(monkeypatch):
