@@ -91,7 +91,7 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
         runs = {name: impl.prepare(workload) for name, impl in impls.items()}
         timings = measure(runs, device, options)
     except torch.OutOfMemoryError:
-        runs, timings = None, {}
+        timings = {}
     # Designs whose buffers did not fit beside the others' (b = 512, V = 128256, fp32 on an 80 GB card), or
     # that ran out of memory while timed: again one at a time, each with only the inputs beside it.
     alone = [name for name in impls if name not in timings or _out_of_memory(timings[name])]

@@ -33,21 +33,18 @@ def _safe(read, *args):
         return None
 
 
-def _run(command: list[str], cwd: Path | None = None) -> str | None:
-    try:
-        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def _run_bytes(command: list[str], cwd: Path | None = None) -> bytes | None:
-    """stdout exactly as written (a diff's bytes), or None."""
+    """stdout exactly as written (a diff's bytes), or None when the command fails or cannot run."""
     try:
         done = subprocess.run(command, cwd=cwd, capture_output=True, timeout=_COMMAND_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
+
+
+def _run(command: list[str], cwd: Path | None = None) -> str | None:
+    out = _run_bytes(command, cwd)
+    return None if out is None else out.decode(errors="replace").strip()
 
 
 def _triton_version() -> str | None:
