@@ -9,7 +9,8 @@ accept scan runs), `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: ab
 spans rounded up), `tile<N>` / `warps<N>` (pass 1: N columns a step, N warps a program; planned for STATS_WAVES
 waves of STATS_PER_SM_GUESS programs per SM unless span or pps is named), `cap<N>` (pass 1: at most N splits
 below one wave),
-`r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
+`r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM), `scanw<N>` (N warps in
+`_scan_kernel`),
 `race` / `cdf` (how fast mode draws the residual token: the exponential race or by inversion), `combine` /
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
 unless a scan is named), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
@@ -17,6 +18,13 @@ unless a scan is named), `one` (pass 1 and the race in one launch, `_one_launch_
 registers a thread); `default` changes nothing.
 Each (point, variant, L2) prints one line: the kernels' CUPTI durations, each the median over the timed
 calls times its launches per call, fast randomness. The rows are written as JSON (--out).
+
+--timeline: for each fused_logits variant, also a timeline build (`triton_kernels._mark`: the global timer at
+marks in every program of pass 1 and the race, a diagnostic build with its own registers, never the timed
+design), run --iters times; a line per (point, variant, L2) of µs medians over the calls: pass 1's span (first
+entry to last partial), when half and 90% of its programs were done, the gap to the race's first entry, and the
+race's phases (the median program's: entry to row k's normalisers, its chunks, its arrival; the last arrival's
+draw and the race's span, first entry to last outputs' values).
 """
 
 from __future__ import annotations
@@ -72,6 +80,8 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             changes["combine"] = part == "combine"
         elif part == "one":
             changes["single"] = True
+        elif part.startswith("scanw"):
+            changes["scan_warps"] = int(part[5:])
         elif part.startswith("reg"):
             changes["maxnreg"] = int(part[3:])
         elif part.startswith("lag"):
@@ -119,6 +129,49 @@ def per_kernel_us(run, iters: int, flush=None) -> dict[str, float]:
     return {name: sorted(ts)[len(ts) // 2] * len(ts) / iters for name, ts in durations.items()}
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def timeline_phases(pass1: torch.Tensor, race: torch.Tensor) -> dict[str, float]:
+    """One call's marks (`fused_logits_launcher(timeline=True)`'s `launch.timeline`, on the host) as µs phases."""
+    p = pass1.view(-1, tk.PASS1_MARKS.value).double() / 1000.0
+    r = race.view(-1, tk.RACE_MARKS.value).double() / 1000.0
+    start = p[:, 0].min()
+    done = (p[:, 1] - start).sort().values
+    race_start = r[:, 0].min()
+    sampled = r[:, 2] > 0  # programs that read their chunks (a greedy target's skip them)
+    last = r[:, 6] > 0
+    phases = dict(
+        pass1_span=float(done[-1]), pass1_half=float(done[len(done) // 2]), pass1_p90=float(done[int(0.9 * (len(done) - 1))]),
+        pass1_entry_spread=float(p[:, 0].max() - start), gap=float(race_start - (p[:, 1].max())),
+        race_entry_spread=float(r[:, 0].max() - race_start),
+        to_stop=float((r[:, 1] - r[:, 0]).median()),
+        chunks=float((r[sampled, 2] - r[sampled, 1]).median()) if sampled.any() else 0.0,
+        arrival=float((r[sampled, 3] - r[sampled, 2]).median()) if sampled.any() else 0.0,
+        last_draw=float((r[last, 4] - r[last, 3]).median()),
+        last_arrival=float((r[last, 3] - race_start).median()),
+        race_span=float(r[last, 4].max() - race_start),
+    )
+    return phases
+
+
+def timeline_us(run, iters: int, flush=None) -> dict[str, float]:
+    """Medians over `iters` calls of `timeline_phases` (each call after `flush` if given)."""
+    calls = []
+    for i in range(iters + 2):
+        for marks in run.timeline:
+            marks.zero_()
+        if flush is not None:
+            flush()
+        run()
+        torch.cuda.synchronize()
+        if i >= 2:  # two warm-up calls
+            calls.append(timeline_phases(*(marks.cpu() for marks in run.timeline)))
+    return {key: _median([call[key] for call in calls]) for key in calls[0]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--points", required=True, help="batch:γ:V:dtype,... (dtype bf16 or fp32)")
@@ -127,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                         "write: the timed call pays the write-back), warm")
     parser.add_argument("--iters", type=int, default=15)
     parser.add_argument("--out", default=None, help="JSON file of the rows")
+    parser.add_argument("--timeline", action="store_true", help="also each fused_logits variant's timeline build")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -138,15 +192,20 @@ def main(argv: list[str] | None = None) -> int:
         cfg = LogitsConfig(batch_size=batch, gamma=gamma, vocab_size=vocab, logits_dtype=DTYPES[dtype])
         w = make_logits_workload(cfg, device).with_randomness("fast")
         floor_us = logits_read_floor_bytes(cfg) / 4.17e12 * 1e6  # the H200's measured copy ceiling
-        calls = {}
+        calls, timelines = {}, {}
         for variant in args.variants.split(","):
             if variant == "vllm":
                 calls[variant] = tk.vllm_v2_style_launcher(_inputs(w), allocate_outputs(w, error_flags=False), True,
                                                            w.seed, 0)
             else:
-                calls[variant] = tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0,
-                                                          **plan_changes(variant, batch, gamma, vocab, sms,
-                                                                         w.target_logits.element_size()))
+                changes = plan_changes(variant, batch, gamma, vocab, sms, w.target_logits.element_size())
+                calls[variant] = tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, **changes)
+                if args.timeline and not changes.get("single"):
+                    # the shipped launch's plans: the timeline build's registers must not re-plan it
+                    plans = dict(stats_plan_=calls[variant].plans[0], race_plan=calls[variant].plans[1])
+                    same = {k: v for k, v in changes.items() if k != "stats_max_splits"}  # (the plan holds it)
+                    timelines[variant] = tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0,
+                                                                  **{**same, **plans}, timeline=True)
         for l2 in args.l2.split(","):
             for variant, run in calls.items():
                 kernels = per_kernel_us(run, args.iters, flushes[l2])
@@ -161,7 +220,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "
                       f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items())
                       + (f" | splits {plan['splits']}" if plan else ""), flush=True)
-        del calls, w
+                if variant in timelines:
+                    phases = timeline_us(timelines[variant], args.iters, flushes[l2])
+                    rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant,
+                                     timeline=phases))
+                    print(f"{'':4s} timeline {variant}: " + " ".join(f"{k}={v:.2f}" for k, v in phases.items()),
+                          flush=True)
+        del calls, timelines, w
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:

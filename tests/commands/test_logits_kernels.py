@@ -75,3 +75,23 @@ def test_a_split_cap_reaches_the_launcher_or_the_plan():
     # with a plan of its own the cap shapes that plan: 149 tiles in 15 spans of 10, not 30 of 5
     assert plan_changes("cap16+pps12", 1, 16, 151936, 132)["stats_plan_"] == tk.StatsPlan(10240, 15)
     assert "stats_max_splits" not in plan_changes("cap16+pps12", 1, 16, 151936, 132)
+
+
+def test_timeline_phases_read_the_marks():
+    """Two pass-1 programs and two race programs of one sequence, marks in ns: the phases are their differences."""
+    import torch
+
+    from sdbench.commands.logits_kernels import timeline_phases
+
+    # pass 1: (entry, partial computed, SM, unused)
+    pass1 = torch.tensor([[1000, 5000, 3, 0], [1200, 7000, 4, 0]], dtype=torch.int64).flatten()
+    # race: (entry, stop known, chunks done, arrived, outputs known, SM, last)
+    race = torch.tensor([[9000, 9500, 10000, 10300, 0, 1, 0, 0],
+                         [9100, 9800, 10100, 10600, 11600, 2, 1, 0]], dtype=torch.int64).flatten()
+    phases = timeline_phases(pass1, race)
+    assert phases["pass1_span"] == pytest.approx(6.0) and phases["pass1_entry_spread"] == pytest.approx(0.2)
+    assert phases["gap"] == pytest.approx(2.0)  # last partial at 7.0 µs, first race entry at 9.0
+    assert phases["race_entry_spread"] == pytest.approx(0.1)
+    assert phases["last_draw"] == pytest.approx(1.0) and phases["race_span"] == pytest.approx(2.6)
+    assert phases["last_arrival"] == pytest.approx(1.6)
+    assert phases["to_stop"] in (pytest.approx(0.5), pytest.approx(0.7))  # a median of two: either

@@ -107,7 +107,13 @@ STATS_PER_SM_GUESS = 12  # pass 1's resident programs per SM before it is compil
 RACE_PER_SM_GUESS = 8  # the race's, likewise (64 registers at 1024-column chunks)
 RACE_MIN_PROGRAMS = 4  # race programs a sequence at the least, whatever the wave (race_steps)
 RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
+SCAN_WARPS = 4  # `_scan_kernel`'s warps (fused_logits_launcher's scan_warps; logits_kernels' scanw<N>)
 SINGLE_WARPS = 4  # one launch: pass 1's warps; the race's programs run with them too
+# timeline builds (`_mark`): int64 slots a program. Pass 1: entry, its partial computed, its SM. The race: entry,
+# row k's normalisers known, its chunks done, its arrival counted, the outputs' values known (last arrival only, else
+# 0), its SM, whether it arrived last.
+PASS1_MARKS = tl.constexpr(4)
+RACE_MARKS = tl.constexpr(8)
 
 
 @triton.jit
@@ -138,6 +144,29 @@ def _exp2(x, FTZ: tl.constexpr):
 
 
 @triton.jit
+def _mark(timeline_ptr, slot, after, TIMELINE: tl.constexpr):
+    """Timeline builds only (`logits_kernels --timeline`; TIMELINE False compiles to nothing): the global
+    timer (ns) into timeline_ptr[slot], read once `after` (a 32-bit value) is computed. The read is predicated
+    on a test of `after`, so ptxas cannot issue it before `after` is ready (an unused asm operand would not
+    hold it back)."""
+    if TIMELINE:
+        now = tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $1, 0x7fc00001; mov.u64 $0, 0; @p mov.u64 $0, %globaltimer; }",
+            "=l,r", [after], dtype=tl.int64, is_pure=False, pack=1)
+        tl.store(timeline_ptr + slot, now)
+
+
+@triton.jit
+def _sm_id(TIMELINE: tl.constexpr):
+    """The SM a program runs on (timeline builds), else 0."""
+    if TIMELINE:
+        return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [tl.zeros([], tl.int32)], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+    else:
+        return tl.zeros([], tl.int32)
+
+
+@triton.jit
 def _fold_tile(x, m, s, arg, first_cols, scale, greedy, FTZ: tl.constexpr):
     """Fold one tile x [lanes, VEC] into each lane's running max m, Σ2^((x - m)·scale) s and (greedy rows)
     first argmax, over the lane's VEC logits at once: a max over VEC values in one thread, then one
@@ -159,11 +188,11 @@ def _fold_tile(x, m, s, arg, first_cols, scale, greedy, FTZ: tl.constexpr):
 def _row_stats_program(
     row, split, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
     row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr,
-    draft_tokens_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr,
+    draft_tokens_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, timeline_ptr,
     seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
-    FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr,
+    FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr,
 ):
     """Pass 1's program (row, s), grid (B·(2γ+1), splits) in `_row_stats_kernel`: columns
     [s·span, min((s+1)·span, V)) of one row, TILE at a time, as TILE/VEC lanes of VEC adjacent logits (one 16-byte load a lane: VEC = 8 bf16 or 4 fp32).
@@ -187,6 +216,8 @@ def _row_stats_program(
     programs start from k instead of each gathering 2γ logits and scanning."""
     b = (row // (2 * GAMMA + 1)).to(tl.int64)
     r = row % (2 * GAMMA + 1)
+    mark = (row * splits + split) * PASS1_MARKS
+    _mark(timeline_ptr, mark, row, TIMELINE)
     if r <= GAMMA:
         base = target_ptr + b * stride_p_b + r * stride_p_row
         temperature = tl.load(target_temp_ptr + b)
@@ -222,6 +253,9 @@ def _row_stats_program(
     if greedy:  # only greedy rows read their argmax: the others skip a third reduction
         first = tl.min(tl.where(m == row_max, arg, NO_INDEX), axis=0)
     row_max = tl.where(total > 0, row_max * inverse, float("-inf"))  # Σ = 0 only when every logit is -inf
+    _mark(timeline_ptr, mark + 1, total.to(tl.int32, bitcast=True), TIMELINE)
+    if TIMELINE:
+        tl.store(timeline_ptr + mark + 2, _sm_id(TIMELINE).to(tl.int64))
     if COMBINE and splits == 1:
         tl.store(row_max_ptr + row, row_max)
         tl.store(row_sum_ptr + row, total)
@@ -264,19 +298,19 @@ def _row_stats_program(
 def _row_stats_kernel(
     target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
     row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr,
-    draft_tokens_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr,
+    draft_tokens_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, timeline_ptr,
     seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
-    FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr,
+    FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr,
 ):
     """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s."""
     _row_stats_program(
         tl.program_id(0), tl.program_id(1), target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr,
         stats_sum_ptr, stats_arg_ptr, row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr, draft_tokens_ptr,
-        uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, seed, vocab, span, splits,
-        stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b, GAMMA, TILE, COMBINE,
-        SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2)
+        uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, timeline_ptr, seed, vocab, span,
+        splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b, GAMMA, TILE, COMBINE,
+        SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE)
 
 
 @triton.jit
@@ -290,6 +324,9 @@ def _scan_in_pass_one(row_max_ptr, row_sum_ptr, row_arg_ptr, draft_tokens_ptr, t
     stop k (stop_ptr, int32 [B]) and the sequence's error flag. Fast mode reads the Philox offset the race
     reads (the race's last arrival advances it), so both draw the same accept uniforms."""
     if tl.atomic_add(sequence_arrivals_ptr + b, 1, sem="acq_rel") == 2 * GAMMA:
+        tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
+                                                                stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
+                                                                stride_q_row, GAMMA, GAMMA_PAD)
         rows = tl.arange(0, R_PAD)
         valid = rows < 2 * GAMMA + 1
         first_row = b * (2 * GAMMA + 1)
@@ -299,11 +336,10 @@ def _scan_in_pass_one(row_max_ptr, row_sum_ptr, row_arg_ptr, draft_tokens_ptr, t
         row_arg = tl.load(row_arg_ptr + first_row + rows, mask=valid, other=NO_INDEX, cache_modifier=".cg")
         temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
         offset = _philox_offset(offsets_ptr, b, FAST)
-        k, _, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum,
-                                 row_arg, _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
-                                 temperature_t == 0, temperature_d == 0, seed, offset, stride_tok_b, stride_p_b,
-                                 stride_p_row, stride_q_b, stride_q_row, stride_u_b, GAMMA, GAMMA_PAD, R_PAD,
-                                 PRECISE_MATH, FAST)
+        k, bad = _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
+                              _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
+                              temperature_t == 0, temperature_d == 0, seed, offset, stride_u_b, GAMMA, GAMMA_PAD,
+                              R_PAD, PRECISE_MATH, FAST)
         tl.store(stop_ptr + b, k)
         tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
         tl.store(sequence_arrivals_ptr + b, 0)
@@ -324,9 +360,28 @@ def _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
     a = tl.load(stats_arg_ptr + index, mask=valid, other=NO_INDEX, cache_modifier=CACHE)
     row_max = tl.max(m, axis=1)
     scaled = tl.where(valid, s * tl.exp(m - row_max[:, None]), 0.0)
-    row_sum = tl.sum(scaled, axis=1)
-    row_arg = tl.min(tl.where(valid & (m == row_max[:, None]), a, NO_INDEX), axis=1)
+    # the sum and the first argmax in one reduction (one pass of shuffles and barriers, the same sums as tl.sum)
+    row_sum, row_arg = tl.reduce((scaled, tl.where(valid & (m == row_max[:, None]), a, NO_INDEX)), 1, _sum_min)
     return row_max, row_sum, row_arg
+
+
+# Combine functions of tuple reductions: several values reduced in one `tl.reduce` share its shuffles and
+# barriers. The accept scan's latency chain was mostly such reductions, each a round of shuffles and (4 warps)
+# a shared-memory barrier: the H100 timeline (docs/perf-notes.md, "Session 21") had a race program 2.25 µs from
+# entry to row k's normalisers, 0.5 µs of it loads. A pick (a sum of one value and zeros) is exact in any order.
+@triton.jit
+def _sum_min(a, x, b, y):
+    return a + b, tl.minimum(x, y)
+
+
+@triton.jit
+def _min_max(a, x, b, y):
+    return tl.minimum(a, b), tl.maximum(x, y)
+
+
+@triton.jit
+def _sum6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5
 
 
 @triton.jit
@@ -336,10 +391,13 @@ def _pick(values, index, R_PAD: tl.constexpr):
 
 
 @triton.jit
-def _pick_rows(values, rows, R_PAD: tl.constexpr):
-    """values[rows] for a [R_PAD] vector and a [N] vector of row ids."""
-    hit = tl.arange(0, R_PAD)[None, :] == rows[:, None]
-    return tl.sum(tl.where(hit, values[None, :], 0), axis=1)
+def _pick_stop_stats(row_max, row_sum, row_arg, k, draft_index, R_PAD: tl.constexpr):
+    """(M, S, A) of rows k and draft_index ([R_PAD] vectors, scalar indices): six picks in one reduction."""
+    at_k = tl.arange(0, R_PAD) == k
+    at_d = tl.arange(0, R_PAD) == draft_index
+    return tl.reduce((tl.where(at_k, row_max, 0.0), tl.where(at_k, row_sum, 0.0), tl.where(at_k, row_arg, 0),
+                      tl.where(at_d, row_max, 0.0), tl.where(at_d, row_sum, 0.0), tl.where(at_d, row_arg, 0)),
+                     0, _sum6)
 
 
 @triton.jit
@@ -351,34 +409,47 @@ def _probability(logit, inverse, row_max, row_sum, greedy, is_argmax, PRECISE_MA
 
 
 @triton.jit
-def _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max, row_sum, row_arg,
-                       inverse_t, inverse_d, greedy_t, greedy_d,
-                       stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
-                       GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
-                       PRECISE_MATH: tl.constexpr):
-    """(p_i(x_i), q_i(x_i), the draft tokens x_i, which of them are outside [0, V)) over positions
-    [GAMMA_PAD], from 2γ gathered logits.
-
-    A token outside [0, V) is never read through: its p = q = 0 (so it is rejected) and the sequence is
-    flagged (`_any_bad`), the input contract's TOKEN_OUT_OF_RANGE (sdbench.ops.input_contract), as in
-    prob_verify's kernels."""
+def _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, stride_tok_b, stride_p_b, stride_p_row,
+                        stride_q_b, stride_q_row, GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr):
+    """(the draft tokens x_i, target logit z_i(x_i), draft logit) over positions [GAMMA_PAD]: two dependent
+    loads (the tokens, then 2γ gathered logits). The scans call this before they load the rows' stats, so
+    the stats' load waits beside the tokens' instead of after the gathered logits (one L2 round trip of the
+    latency chain from a program's entry to k). A token outside [0, V) is never read through (logit 0)."""
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=in_draft, other=0).to(tl.int64)
-    in_vocab = (tokens >= 0) & (tokens < vocab)
-    readable = in_draft & in_vocab
+    readable = in_draft & (tokens >= 0) & (tokens < vocab)
     target_logit = tl.load(target_ptr + b * stride_p_b + positions * stride_p_row + tokens, mask=readable, other=0.0)
     draft_logit = tl.load(draft_ptr + b * stride_q_b + positions * stride_q_row + tokens, mask=readable, other=0.0)
-    draft_rows = positions + GAMMA + 1
-    p = _probability(target_logit, inverse_t, _pick_rows(row_max, positions, R_PAD),
-                     _pick_rows(row_sum, positions, R_PAD), greedy_t,
-                     tokens == _pick_rows(row_arg, positions, R_PAD), PRECISE_MATH)
-    q = _probability(draft_logit, inverse_d, _pick_rows(row_max, draft_rows, R_PAD),
-                     _pick_rows(row_sum, draft_rows, R_PAD), greedy_d,
-                     tokens == _pick_rows(row_arg, draft_rows, R_PAD), PRECISE_MATH)
+    return tokens, target_logit, draft_logit
+
+
+@triton.jit
+def _draft_token_probs(tokens, target_logit, draft_logit, vocab, row_max, row_sum, row_arg,
+                       inverse_t, inverse_d, greedy_t, greedy_d,
+                       GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
+                       PRECISE_MATH: tl.constexpr):
+    """(p_i(x_i), q_i(x_i), which draft tokens are outside [0, V)) over positions [GAMMA_PAD], from
+    `_draft_token_logits`' tokens and gathered logits.
+
+    A token outside [0, V) has p = q = 0 (so it is rejected) and the sequence is flagged (`_any_bad`), the
+    input contract's TOKEN_OUT_OF_RANGE (sdbench.ops.input_contract), as in prob_verify's kernels."""
+    positions = tl.arange(0, GAMMA_PAD)
+    in_draft = positions < GAMMA
+    in_vocab = (tokens >= 0) & (tokens < vocab)
+    # each position's target row i and draft row γ+1+i: six picks ([GAMMA_PAD, R_PAD]) in one reduction
+    rows = tl.arange(0, R_PAD)[None, :]
+    at_t = rows == positions[:, None]
+    at_d = rows == positions[:, None] + GAMMA + 1
+    max_t, sum_t, arg_t, max_d, sum_d, arg_d = tl.reduce(
+        (tl.where(at_t, row_max[None, :], 0.0), tl.where(at_t, row_sum[None, :], 0.0), tl.where(at_t, row_arg[None, :], 0),
+         tl.where(at_d, row_max[None, :], 0.0), tl.where(at_d, row_sum[None, :], 0.0), tl.where(at_d, row_arg[None, :], 0)),
+        1, _sum6)
+    p = _probability(target_logit, inverse_t, max_t, sum_t, greedy_t, tokens == arg_t, PRECISE_MATH)
+    q = _probability(draft_logit, inverse_d, max_d, sum_d, greedy_d, tokens == arg_d, PRECISE_MATH)
     p = tl.where(in_vocab, p, 0.0)
     q = tl.where(in_vocab, q, 0.0)
-    return p, q, tokens, in_draft & ~in_vocab
+    return p, q, in_draft & ~in_vocab
 
 
 @triton.jit
@@ -388,22 +459,22 @@ def _any_bad(out_of_vocab):
 
 
 @triton.jit
-def _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
-                 inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
-                 stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+def _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
+                 inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
                  GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
                  PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
-    """(k, the draft tokens [GAMMA_PAD], bad): k is the first position i with !(u_i·q_i(x_i) < p_i(x_i))."""
-    p, q, tokens, out_of_vocab = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max,
-                                                    row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d,
-                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
-                                                    GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
+    """(k, bad): k is the first position i with !(u_i·q_i(x_i) < p_i(x_i)) (`_draft_token_logits`' tokens
+    and logits)."""
+    p, q, out_of_vocab = _draft_token_probs(tokens, target_logit, draft_logit, vocab, row_max, row_sum, row_arg,
+                                            inverse_t, inverse_d, greedy_t, greedy_d, GAMMA, GAMMA_PAD, R_PAD,
+                                            PRECISE_MATH)
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     u = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
     rejected = in_draft & ~(u * q < p)
-    k = tl.min(tl.where(rejected, positions, GAMMA), axis=0)
-    return k, tokens, _any_bad(out_of_vocab)
+    # k and the bad-id flag in one reduction
+    k, bad = tl.reduce((tl.where(rejected, positions, GAMMA), out_of_vocab.to(tl.int32)), 0, _min_max)
+    return k, bad
 
 
 # --- block verification (RULE="block"): weights, residual masses, the stop --------------------------
@@ -426,20 +497,19 @@ def _block_weights(p, q, GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr):
 
 
 @triton.jit
-def _block_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, mass_ptr, b, vocab, mass_splits,
-                row_max, row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
-                stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+def _block_scan(tokens, target_logit, draft_logit, uniforms_ptr, mass_ptr, b, vocab, mass_splits,
+                row_max, row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
                 GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, MASS_PAD: tl.constexpr,
                 PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
-    """(τ, the draft tokens [GAMMA_PAD], bad, w_τ): block verification's stop (reference.block_stop).
+    """(τ, bad, w_τ): block verification's stop (reference.block_stop), from `_draft_token_logits`' tokens and
+    logits.
 
     r_i (i = 1..γ-1) is the fixed-order sum of the mass_splits partials `_block_mass_kernel` left at
     mass_ptr[(b·(γ-1) + i-1)·mass_splits + s]; h_i = r_i / (r_i + (1 - w_i)) (1 where that is 0/0),
     h_γ = w_γ; τ = the largest i with η_i < h_i (η_i = the accept uniform of position i-1), else 0."""
-    p, q, tokens, out_of_vocab = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max,
-                                                    row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d,
-                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
-                                                    GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
+    p, q, out_of_vocab = _draft_token_probs(tokens, target_logit, draft_logit, vocab, row_max, row_sum, row_arg,
+                                            inverse_t, inverse_d, greedy_t, greedy_d, GAMMA, GAMMA_PAD, R_PAD,
+                                            PRECISE_MATH)
     weights = _block_weights(p, q, GAMMA, GAMMA_PAD)
     positions = tl.arange(0, GAMMA_PAD)
     parts = tl.arange(0, MASS_PAD)[None, :]
@@ -454,7 +524,7 @@ def _block_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, mass_ptr,
     eta = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
     stop = tl.max(tl.where(in_draft & (eta < h), positions + 1, 0), axis=0)
     stop_weight = tl.where(stop > 0, _pick(weights, stop - 1, GAMMA_PAD), 1.0)
-    return stop, tokens, _any_bad(out_of_vocab), stop_weight
+    return stop, _any_bad(out_of_vocab), stop_weight
 
 
 @triton.jit
@@ -485,17 +555,15 @@ def _block_mass_kernel(
     temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
     greedy_t, greedy_d = temperature_t == 0, temperature_d == 0
     inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
+    tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
+                                                            stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
+                                                            stride_q_row, GAMMA, GAMMA_PAD)
     row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
                                                 GAMMA, R_PAD, SPLITS_PAD, "")
-    p_at, q_at, _, _ = _draft_token_probs(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, row_max, row_sum,
-                                          row_arg, inverse_t, inverse_d, greedy_t, greedy_d, stride_tok_b,
-                                          stride_p_b, stride_p_row, stride_q_b, stride_q_row,
-                                          GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
+    p_at, q_at, _ = _draft_token_probs(tokens, target_logit, draft_logit, vocab, row_max, row_sum, row_arg,
+                                       inverse_t, inverse_d, greedy_t, greedy_d, GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
     weight = _pick(_block_weights(p_at, q_at, GAMMA, GAMMA_PAD), i - 1, GAMMA_PAD)
-    max_t, sum_t = _pick(row_max, i, R_PAD), _pick(row_sum, i, R_PAD)
-    draft_index = i + GAMMA + 1
-    max_d, sum_d = _pick(row_max, draft_index, R_PAD), _pick(row_sum, draft_index, R_PAD)
-    arg_d = _pick(row_arg, draft_index, R_PAD)
+    max_t, sum_t, _, max_d, sum_d, arg_d = _pick_stop_stats(row_max, row_sum, row_arg, i, i + GAMMA + 1, R_PAD)
     target_row = target_ptr + b * stride_p_b + i * stride_p_row
     draft_row = draft_ptr + b * stride_q_b + i * stride_q_row
     start = split * span
@@ -685,22 +753,25 @@ def _scan_kernel(
     b = tl.program_id(0).to(tl.int64)
     offset = _philox_offset(offsets_ptr, b, FAST)
     temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
+    tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
+                                                            stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
+                                                            stride_q_row, GAMMA, GAMMA_PAD)
     row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
                                                 GAMMA, R_PAD, SPLITS_PAD, "")
-    k, _, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max, row_sum,
-                             row_arg, _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
-                             temperature_t == 0, temperature_d == 0, seed, offset,
-                             stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
-                             GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+    k, bad = _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
+                          _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
+                          temperature_t == 0, temperature_d == 0, seed, offset, stride_u_b,
+                          GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
     draft_k = tl.minimum(k, GAMMA - 1) + GAMMA + 1
     tl.store(stop_ptr + b, k)
     out = stop_stats_ptr + b * 6
-    tl.store(out + 0, _pick(row_max, k, R_PAD))
-    tl.store(out + 1, _pick(row_sum, k, R_PAD))
-    tl.store(out + 2, _pick(row_max, draft_k, R_PAD))
-    tl.store(out + 3, _pick(row_sum, draft_k, R_PAD))
-    tl.store(out + 4, _pick(row_arg, k, R_PAD).to(tl.float32, bitcast=True))
-    tl.store(out + 5, _pick(row_arg, draft_k, R_PAD).to(tl.float32, bitcast=True))
+    max_t, sum_t, arg_t, max_d, sum_d, arg_d = _pick_stop_stats(row_max, row_sum, row_arg, k, draft_k, R_PAD)
+    tl.store(out + 0, max_t)
+    tl.store(out + 1, sum_t)
+    tl.store(out + 2, max_d)
+    tl.store(out + 3, sum_d)
+    tl.store(out + 4, arg_t.to(tl.float32, bitcast=True))
+    tl.store(out + 5, arg_d.to(tl.float32, bitcast=True))
     if FLAGS:
         tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
 
@@ -711,12 +782,13 @@ def _race_program(
     b, chunk, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-    chunk_mass_ptr, seed, vocab, mass_splits, chunks, stats_splits,
+    chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, STATS_CACHE: tl.constexpr,
+    TIMELINE: tl.constexpr,
 ):
     """The race's program (b, c), grid (B, chunks) in `_logits_race_kernel`; returns whether it arrived last.
     It owns STEPS chunks of 4·ROWS columns of the stopping row, columns
@@ -739,6 +811,8 @@ def _race_program(
     Fast mode draws at the Philox offset offsets_ptr[b] (int64 [B]), which the last arrival advances by one,
     as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work."""
     b = b.to(tl.int64)
+    mark = (b * chunks + chunk) * RACE_MARKS
+    _mark(timeline_ptr, mark, chunk, TIMELINE)
     offset = _philox_offset(offsets_ptr, b, FAST)
     noise_row = noise_ptr + b * stride_e_b
     temperature_t = tl.load(target_temp_ptr + b)
@@ -754,30 +828,32 @@ def _race_program(
         arg_d = tl.load(stop_stats + 5).to(tl.int32, bitcast=True)
         target_scale = 1.0
     else:
+        if SCANNED:  # token rule, pass 1 ran the scan
+            k = tl.load(stop_ptr + b)
+        else:  # the tokens and their logits first: the stats' load below waits beside them (`_draft_token_logits`)
+            tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
+                                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
+                                                                    stride_q_row, GAMMA, GAMMA_PAD)
         # every row's stats at once, independent of the stop (one L2 round trip beside the stop's, not after it)
         # (stats_splits > 1: pass 1 left its partials uncombined, `fused_logits_launcher`'s combine=False)
         row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, stats_splits,
                                                     GAMMA, R_PAD, STATS_PAD, STATS_CACHE)
-        if SCANNED:  # token rule, pass 1 ran the scan
-            k = tl.load(stop_ptr + b)
+        if SCANNED:
             target_scale = 1.0
         elif RULE == "block":
-            k, tokens, bad, stop_weight = _block_scan(
-                draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, mass_ptr, b, vocab, mass_splits, row_max,
-                row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
-                stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
+            k, bad, stop_weight = _block_scan(
+                tokens, target_logit, draft_logit, uniforms_ptr, mass_ptr, b, vocab, mass_splits, row_max,
+                row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
                 GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, PRECISE_MATH, FAST)
             target_scale = tl.where(k < GAMMA, stop_weight, 1.0)
         else:
-            k, tokens, bad = _accept_scan(draft_tokens_ptr, target_ptr, draft_ptr, uniforms_ptr, b, vocab, row_max,
-                                          row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset,
-                                          stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row,
-                                          stride_u_b, GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+            k, bad = _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
+                                  inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
+                                  GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
             target_scale = 1.0
         draft_index = tl.minimum(k, GAMMA - 1) + GAMMA + 1
-        max_t, sum_t = _pick(row_max, k, R_PAD), _pick(row_sum, k, R_PAD)
-        max_d, sum_d = _pick(row_max, draft_index, R_PAD), _pick(row_sum, draft_index, R_PAD)
-        arg_t, arg_d = _pick(row_arg, k, R_PAD), _pick(row_arg, draft_index, R_PAD)
+        max_t, sum_t, arg_t, max_d, sum_d, arg_d = _pick_stop_stats(row_max, row_sum, row_arg, k, draft_index, R_PAD)
+    _mark(timeline_ptr, mark + 1, sum_t.to(tl.int32, bitcast=True) ^ sum_d.to(tl.int32, bitcast=True) ^ k, TIMELINE)
     has_draft = k < GAMMA
     draft_k = tl.minimum(k, GAMMA - 1)
     target_row = target_ptr + b * stride_p_b + k * stride_p_row
@@ -794,8 +870,11 @@ def _race_program(
                 next_t, next_d = _row_logits(target_row, draft_row, next_cols, vocab, has_draft, greedy_d)
                 w = _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t,
                                  max_d, sum_d, arg_d, target_scale, True, True, RULE == "block")
-                tl.store(chunk_mass_ptr + b * chunks * STEPS + first + step, tl.sum(tl.maximum(w, 0.0)))
+                chunk_sum = tl.sum(tl.maximum(w, 0.0))
+                tl.store(chunk_mass_ptr + b * chunks * STEPS + first + step, chunk_sum)
                 cols, z_t, z_d = next_cols, next_t, next_d
+                if step == STEPS - 1:
+                    _mark(timeline_ptr, mark + 2, chunk_sum.to(tl.int32, bitcast=True), TIMELINE)
         else:
             best = tl.full([ROWS, 4], -1, tl.int64)  # below every positive key; a max <= 0 means "no w > 0"
             for step in range(STEPS):
@@ -807,8 +886,15 @@ def _race_program(
                                  greedy_d, max_t, sum_t, max_d, sum_d, arg_d, target_scale, PRECISE_MATH, FAST,
                                  RULE == "block")
                 best = tl.maximum(best, keys)
-            tl.atomic_max(best_ptr + b, tl.max(tl.max(best, axis=1), axis=0), sem="relaxed")
-    last = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel") == chunks - 1
+            best_key = tl.max(tl.max(best, axis=1), axis=0)
+            _mark(timeline_ptr, mark + 2, best_key.to(tl.int32), TIMELINE)
+            tl.atomic_max(best_ptr + b, best_key, sem="relaxed")
+    arrival = tl.atomic_add(arrivals_ptr + b, 1, sem="acq_rel")
+    _mark(timeline_ptr, mark + 3, arrival, TIMELINE)
+    last = arrival == chunks - 1
+    if TIMELINE:
+        tl.store(timeline_ptr + mark + 5, _sm_id(TIMELINE).to(tl.int64))
+        tl.store(timeline_ptr + mark + 6, last.to(tl.int64))
     if last:
         if greedy_t:
             next_token = arg_t.to(tl.int64)
@@ -831,6 +917,7 @@ def _race_program(
                              other=0).to(tl.int64)
         else:
             tl.store(error_flags_ptr + b, bad * TOKEN_OUT_OF_RANGE)
+        _mark(timeline_ptr, mark + 4, next_token.to(tl.int32), TIMELINE)
         _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
                    GAMMA, GAMMA_PAD)
         _release(arrivals_ptr, offsets_ptr, b, offset, FAST)
@@ -842,21 +929,22 @@ def _logits_race_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-    chunk_mass_ptr, seed, vocab, mass_splits, chunks, stats_splits,
+    chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
-    STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr,
+    STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, TIMELINE: tl.constexpr,
 ):
     """The race as a launch of its own: program (b, c) is `_race_program`'s."""
     _race_program(
         tl.program_id(0), tl.program_id(1), draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr,
         uniforms_ptr, noise_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
         accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-        chunk_mass_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b, stride_p_b, stride_p_row,
-        stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, ROWS,
-        STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC, "")
+        chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b, stride_p_b,
+        stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD,
+        MASS_PAD, ROWS, STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC, "",
+        TIMELINE)
 
 
 # --- one launch (fused_logits single=True): pass 1 and the race in one grid, sequence by sequence --------------------
@@ -911,8 +999,8 @@ def _one_launch_kernel(
             seq * (2 * GAMMA + 1) + item // splits, item % splits, target_ptr, draft_ptr, target_temp_ptr,
             draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
             arrivals_ptr, draft_tokens_ptr, uniforms_ptr, offsets_ptr, arrivals_ptr, arrivals_ptr, error_flags_ptr,
-            seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
-            GAMMA, TILE, False, 1, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH)
+            done_ptr, seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b,
+            stride_u_b, GAMMA, TILE, False, 1, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH, False)
         tl.atomic_add(done_ptr + seq, 1, sem="release")  # after this program's partial
     else:
         done = tl.atomic_add(done_ptr + seq, 0, sem="acquire")
@@ -922,9 +1010,9 @@ def _one_launch_kernel(
             seq, item, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr,
             noise_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stats_max_ptr, arrivals_ptr, stats_max_ptr,
             accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr,
-            offsets_ptr, chunk_mass_ptr, seed, vocab, 1, chunks, splits, stride_tok_b, stride_p_b, stride_p_row,
-            stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, 1, ROWS, STEPS,
-            PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg")
+            offsets_ptr, chunk_mass_ptr, done_ptr, seed, vocab, 1, chunks, splits, stride_tok_b, stride_p_b,
+            stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, 1,
+            ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg", False)
         if last:
             tl.store(done_ptr + seq, 0)
 
@@ -1184,11 +1272,13 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
 
 
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,
-                  combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None):
+                  combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None,
+                  timeline: torch.Tensor | None = None):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
     each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
     `_scan_in_pass_one`'s tensors: offsets, sequence_arrivals, stop, error_flags; and fast, seed) the
-    sequence's last combined row also runs the accept scan (SCAN)."""
+    sequence's last combined row also runs the accept scan (SCAN). With `timeline` (int64, PASS1_MARKS a program,
+    zeroed), a timeline build (`_mark`)."""
     batch, gamma, vocab = t.shape
     combine = combined is not None
     device = t.draft_tokens.device
@@ -1202,13 +1292,13 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
         scan_tensors = (scan["offsets"], scan["sequence_arrivals"], scan["stop"], scan["error_flags"])
         fast, seed = scan["fast"], scan["seed"]
     args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
-            *(combined if combine else stats + (stats[2],)), t.draft_tokens, t.uniforms, *scan_tensors, seed,
-            vocab, plan.span, plan.splits, t.target_logits.stride(0), t.target_logits.stride(1),
+            *(combined if combine else stats + (stats[2],)), t.draft_tokens, t.uniforms, *scan_tensors,
+            stats[2] if timeline is None else timeline, seed, vocab, plan.span, plan.splits, t.target_logits.stride(0), t.target_logits.stride(1),
             t.draft_logits.stride(0), t.draft_logits.stride(1), t.draft_tokens.stride(0), t.uniforms.stride(0))
     meta = dict(GAMMA=gamma, TILE=tile, COMBINE=combine, SPLITS_PAD=triton.next_power_of_2(plan.splits),
                 SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
-                VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
+                VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device), TIMELINE=timeline is not None,
                 num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
@@ -1218,7 +1308,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           mass_plan: StatsPlan | None = None, race_plan: RacePlan | None = None,
                           scan: str | None = None, sample: str | None = None, combine: bool | None = None,
                           stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
-                          lag: int | None = None, maxnreg: int | None = None):
+                          lag: int | None = None, maxnreg: int | None = None, timeline: bool = False,
+                          scan_warps: int = SCAN_WARPS):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1234,10 +1325,15 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     single (token rule): pass 1 and the race in one launch (`_one_launch_kernel`; the scan in every race
     program), `lag` sequences between a sequence's pass 1 and its race (None: B, every race after pass 1),
     maxnreg: a cap on the one kernel's registers a thread (ptxas spills above it). An experiment, not a default
-    (docs/perf-notes.md, "Session 17")."""
+    (docs/perf-notes.md, "Session 17").
+    timeline (two launches): a timeline build of pass 1 and the race (`_mark`), whose marks the launch keeps as
+    `launch.timeline` = (pass 1's, the race's); a diagnostic (`logits_kernels --timeline`), never timed as the design.
+    scan_warps: the warps of `_scan_kernel` (scan "kernel")."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
+        if timeline:
+            raise ValueError("timeline marks the two-launch design's programs")
         if rule != "token" or scan is not None or combine is not None or mass_plan is not None:
             raise ValueError("single=True is the token rule with the scan in the race: no scan, combine or mass "
                              "plan to choose")
@@ -1268,7 +1364,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                  combine)
+                                  combine, timeline, scan_warps)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
@@ -1279,7 +1375,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm)
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                          combine)
+                                          combine, timeline, scan_warps)
         # (from the kernels compiled with the first plans: the race's registers can move a little with its steps)
         launch.programs_per_sm = (stats_per_sm, race_per_sm)
     return launch
@@ -1287,7 +1383,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 
 def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
-                         sample: str | None, combine: bool):
+                         sample: str | None, combine: bool, timeline: bool = False,
+                         scan_warps: int = SCAN_WARPS):
     """fused_logits_launcher with every choice made."""
     cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
@@ -1309,8 +1406,12 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     if scan == "pass1":
         pass_one_scan = dict(offsets=offsets, sequence_arrivals=sequence_arrivals, stop=stop,
                              error_flags=outputs["error_flags"], fast=fast, seed=seed)
+    marks = None
+    if timeline:
+        marks = (torch.zeros(batch * (2 * gamma + 1) * plan.splits * PASS1_MARKS.value, dtype=torch.int64, device=device),
+                 torch.zeros(batch * race.programs * RACE_MARKS.value, dtype=torch.int64, device=device))
     stats_launch = _stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None,
-                                 scan=pass_one_scan)
+                                 scan=pass_one_scan, timeline=None if marks is None else marks[0])
     launches = [stats_launch]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))
@@ -1319,7 +1420,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                      t.uniforms, *partials, stop, stop_stats, offsets, outputs["error_flags"], seed, plan.splits,
                      vocab, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
                      t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
-        scan_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(plan.splits), FAST=fast, FLAGS=True, num_warps=4)
+        scan_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(plan.splits), FAST=fast, FLAGS=True,
+                         num_warps=scan_warps)
         launches.append(BoundLaunch(_scan_kernel, (batch,), scan_args, scan_meta, device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
     mass_plan = mass_plan or (default_row_plan(mass_rows, vocab, device) if mass_rows else StatsPlan(span=vocab, splits=1))
@@ -1334,14 +1436,15 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     args = (
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
         t.exponential_noise, *stats, mass, stop, stop_stats, outputs["accepted_lengths"], outputs["next_tokens"],
-        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, chunk_mass, seed, vocab,
+        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, chunk_mass,
+        best if marks is None else marks[1], seed, vocab,
         mass_plan.splits, race.programs, stats_splits, t.draft_tokens.stride(0), t.target_logits.stride(0),
         t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0),
         t.exponential_noise.stride(0), outputs["output_tokens"].stride(0),
     )
     meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=race.steps, FAST=fast,
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
-                STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel",
+                STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
                 VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), num_warps=race.num_warps)
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)
@@ -1356,6 +1459,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     launch.philox_offsets = offsets
     launch.plans = (plan, race)
     launch.stats_launch, launch.race_launch = stats_launch, race_launch
+    launch.timeline = marks
     launch.programs_per_sm = None  # set by fused_logits_launcher where it sized the plans to compiled kernels
     return launch
 

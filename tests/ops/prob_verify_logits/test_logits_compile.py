@@ -50,25 +50,29 @@ def _kernels():
     return kernels
 
 
-@pytest.mark.parametrize("combine,scan", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize("combine,scan,timeline", [(True, True, False), (True, False, False), (False, False, False),
+                                                   (False, False, True)])  # timeline: the diagnostic build (`_mark`)
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("vec", [4, 8])  # float32 and bfloat16 logits: 16 bytes a lane
-def test_row_stats_kernel_compiles_for_sm90(combine, scan, fast, vec):
+def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec):
     kernels = _kernels()
     constexprs = {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4, "SCAN": scan, "GAMMA_PAD": 8,
-                  "R_PAD": 32, "PRECISE_MATH": True, "FAST": fast, "VEC": vec, "FTZ_EXP2": True}
-    assert "_row_stats_kernel" in _compile(kernels._row_stats_kernel, constexprs).asm["ptx"]
+                  "R_PAD": 32, "PRECISE_MATH": True, "FAST": fast, "VEC": vec, "FTZ_EXP2": True, "TIMELINE": timeline}
+    ptx = _compile(kernels._row_stats_kernel, constexprs).asm["ptx"]
+    assert "_row_stats_kernel" in ptx and ("%globaltimer" in ptx) == timeline
 
 
 @pytest.mark.parametrize("rule,scan", [("token", "race"), ("token", "pass1"), ("token", "kernel"), ("block", "race")])
 @pytest.mark.parametrize("fast,cdf", [(True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("steps,vec", [(1, 8), (3, 4)])  # the inversion's lanes: bfloat16, float32
-def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec):
+@pytest.mark.parametrize("timeline", [False, True])  # the diagnostic build (`_mark`)
+def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec, timeline):
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
                 FAST=fast, RULE=rule, SCANNED=scan != "race", CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
-                STOP_STATS=scan == "kernel", VEC=vec)
-    assert "_logits_race_kernel" in _compile(kernels._logits_race_kernel, pads).asm["ptx"]
+                STOP_STATS=scan == "kernel", VEC=vec, TIMELINE=timeline)
+    ptx = _compile(kernels._logits_race_kernel, pads).asm["ptx"]
+    assert "_logits_race_kernel" in ptx and ("%globaltimer" in ptx) == timeline
 
 
 @pytest.mark.parametrize("fast", [True, False])
