@@ -324,9 +324,6 @@ def _scan_in_pass_one(row_max_ptr, row_sum_ptr, row_arg_ptr, draft_tokens_ptr, t
     stop k (stop_ptr, int32 [B]) and the sequence's error flag. Fast mode reads the Philox offset the race
     reads (the race's last arrival advances it), so both draw the same accept uniforms."""
     if tl.atomic_add(sequence_arrivals_ptr + b, 1, sem="acq_rel") == 2 * GAMMA:
-        tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
-                                                                stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
-                                                                stride_q_row, GAMMA, GAMMA_PAD)
         rows = tl.arange(0, R_PAD)
         valid = rows < 2 * GAMMA + 1
         first_row = b * (2 * GAMMA + 1)
@@ -336,6 +333,9 @@ def _scan_in_pass_one(row_max_ptr, row_sum_ptr, row_arg_ptr, draft_tokens_ptr, t
         row_arg = tl.load(row_arg_ptr + first_row + rows, mask=valid, other=NO_INDEX, cache_modifier=".cg")
         temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
         offset = _philox_offset(offsets_ptr, b, FAST)
+        tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
+                                                                stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
+                                                                stride_q_row, GAMMA, GAMMA_PAD)
         k, bad = _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
                               _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
                               temperature_t == 0, temperature_d == 0, seed, offset, stride_u_b, GAMMA, GAMMA_PAD,
@@ -412,9 +412,11 @@ def _probability(logit, inverse, row_max, row_sum, greedy, is_argmax, PRECISE_MA
 def _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, stride_tok_b, stride_p_b, stride_p_row,
                         stride_q_b, stride_q_row, GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr):
     """(the draft tokens x_i, target logit z_i(x_i), draft logit) over positions [GAMMA_PAD]: two dependent
-    loads (the tokens, then 2γ gathered logits). The scans call this before they load the rows' stats, so
-    the stats' load waits beside the tokens' instead of after the gathered logits (one L2 round trip of the
-    latency chain from a program's entry to k). A token outside [0, V) is never read through (logit 0)."""
+    loads (the tokens, then 2γ gathered logits). A token outside [0, V) is never read through (logit 0).
+    Where a caller issues this against its stats' load is measured (docs/perf-notes.md, "Session 21"):
+    `_scan_kernel` calls it first, so its [R_PAD, splits] partials load waits beside the tokens' (with the tuple
+    reductions, its kernel 0.4-0.7 µs shorter on the H200); the race program and the others call it after
+    their stats' load (first, it made the race at b = 1, γ = 16, V = 151936, fp32 0.4 µs longer)."""
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     tokens = tl.load(draft_tokens_ptr + b * stride_tok_b + positions, mask=in_draft, other=0).to(tl.int64)
@@ -555,11 +557,11 @@ def _block_mass_kernel(
     temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
     greedy_t, greedy_d = temperature_t == 0, temperature_d == 0
     inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
+    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
+                                                GAMMA, R_PAD, SPLITS_PAD, "")
     tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
                                                             stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
                                                             stride_q_row, GAMMA, GAMMA_PAD)
-    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
-                                                GAMMA, R_PAD, SPLITS_PAD, "")
     p_at, q_at, _ = _draft_token_probs(tokens, target_logit, draft_logit, vocab, row_max, row_sum, row_arg,
                                        inverse_t, inverse_d, greedy_t, greedy_d, GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH)
     weight = _pick(_block_weights(p_at, q_at, GAMMA, GAMMA_PAD), i - 1, GAMMA_PAD)
@@ -828,17 +830,16 @@ def _race_program(
         arg_d = tl.load(stop_stats + 5).to(tl.int32, bitcast=True)
         target_scale = 1.0
     else:
-        if SCANNED:  # token rule, pass 1 ran the scan
-            k = tl.load(stop_ptr + b)
-        else:  # the tokens and their logits first: the stats' load below waits beside them (`_draft_token_logits`)
-            tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
-                                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
-                                                                    stride_q_row, GAMMA, GAMMA_PAD)
         # every row's stats at once, independent of the stop (one L2 round trip beside the stop's, not after it)
         # (stats_splits > 1: pass 1 left its partials uncombined, `fused_logits_launcher`'s combine=False)
         row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, stats_splits,
                                                     GAMMA, R_PAD, STATS_PAD, STATS_CACHE)
-        if SCANNED:
+        if not SCANNED:  # (after the stats' load: `_draft_token_logits`)
+            tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
+                                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
+                                                                    stride_q_row, GAMMA, GAMMA_PAD)
+        if SCANNED:  # token rule, pass 1 ran the scan
+            k = tl.load(stop_ptr + b)
             target_scale = 1.0
         elif RULE == "block":
             k, bad, stop_weight = _block_scan(
