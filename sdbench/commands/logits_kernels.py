@@ -181,17 +181,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=15)
     parser.add_argument("--out", default=None, help="JSON file of the rows")
     parser.add_argument("--timeline", action="store_true", help="also each fused_logits variant's timeline build")
+    parser.add_argument("--copy-tbps", type=float, default=None,
+                        help="the copy ceiling the floors are read at (default: a 1 GiB copy measured now, as logits_bench)")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     flushes = {"cold": l2_flush(device), "dirty": l2_flush(device, dirty=True), "warm": None}
+    if args.copy_tbps is None:
+        from sdbench.commands.calibrate_tau import measure_copy_bandwidth_gbps
+
+        args.copy_tbps = measure_copy_bandwidth_gbps("cuda", n_bytes=2**30) / 1000
     rows = []
     for point in args.points.split(","):
         batch, gamma, vocab, dtype = point.split(":")
         batch, gamma, vocab = int(batch), int(gamma), int(vocab)
         cfg = LogitsConfig(batch_size=batch, gamma=gamma, vocab_size=vocab, logits_dtype=DTYPES[dtype])
         w = make_logits_workload(cfg, device).with_randomness("fast")
-        floor_us = logits_read_floor_bytes(cfg) / 4.17e12 * 1e6  # the H200's measured copy ceiling
+        floor_us = logits_read_floor_bytes(cfg) / (args.copy_tbps * 1e12) * 1e6
         calls, timelines = {}, {}
         for variant in args.variants.split(","):
             if variant == "vllm":
@@ -216,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                     span=plan.span, splits=plan.splits, tile=plan.tile or tk.stats_tile(w.target_logits.element_size()),
                     num_warps=plan.num_warps or tk.STATS_WARPS, per_sm=per_sm[0], race_per_sm=per_sm[1])
                 rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant, total=total,
-                                 floor=floor_us, kernels=kernels, pass1_plan=plan))
+                                 floor=floor_us, copy_tbps=args.copy_tbps, kernels=kernels, pass1_plan=plan))
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "
                       f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items())
                       + (f" | splits {plan['splits']}" if plan else ""), flush=True)
