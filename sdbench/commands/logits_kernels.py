@@ -172,6 +172,20 @@ def timeline_us(run, iters: int, flush=None) -> dict[str, float]:
     return {key: _median([call[key] for call in calls]) for key in calls[0]}
 
 
+def _launches(variant: str, w, batch: int, gamma: int, vocab: int, sms: int, timeline: bool):
+    """(the variant's launch, its timeline build or None) on workload w (fast randomness)."""
+    if variant == "vllm":
+        return tk.vllm_v2_style_launcher(_inputs(w), allocate_outputs(w, error_flags=False), True, w.seed, 0), None
+    changes = plan_changes(variant, batch, gamma, vocab, sms, w.target_logits.element_size())
+    shipped = tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, **changes)
+    if not timeline or changes.get("single"):
+        return shipped, None
+    # the shipped launch's plans and choices: the timeline build's registers must not re-plan it
+    same = {k: v for k, v in changes.items() if k != "stats_max_splits"}  # (its plan holds it)
+    same.update(stats_plan_=shipped.plans[0], race_plan=shipped.plans[1], scan=shipped.scan, combine=shipped.combine)
+    return shipped, tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, **same, timeline=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--points", required=True, help="batch:γ:V:dtype,... (dtype bf16 or fp32)")
@@ -200,18 +214,14 @@ def main(argv: list[str] | None = None) -> int:
         floor_us = logits_read_floor_bytes(cfg) / (args.copy_tbps * 1e12) * 1e6
         calls, timelines = {}, {}
         for variant in args.variants.split(","):
-            if variant == "vllm":
-                calls[variant] = tk.vllm_v2_style_launcher(_inputs(w), allocate_outputs(w, error_flags=False), True,
-                                                           w.seed, 0)
-            else:
-                changes = plan_changes(variant, batch, gamma, vocab, sms, w.target_logits.element_size())
-                calls[variant] = tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, **changes)
-                if args.timeline and not changes.get("single"):
-                    # the shipped launch's plans: the timeline build's registers must not re-plan it
-                    plans = dict(stats_plan_=calls[variant].plans[0], race_plan=calls[variant].plans[1])
-                    same = {k: v for k, v in changes.items() if k != "stats_max_splits"}  # (the plan holds it)
-                    timelines[variant] = tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0,
-                                                                  **{**same, **plans}, timeline=True)
+            try:
+                launches = _launches(variant, w, batch, gamma, vocab, sms, args.timeline)
+            except ValueError as err:  # a variant that does not apply at this point (e.g. scanw<N> where the race scans)
+                print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {variant}: not run: {err}", flush=True)
+                continue
+            calls[variant] = launches[0]
+            if launches[1] is not None:
+                timelines[variant] = launches[1]
         for l2 in args.l2.split(","):
             for variant, run in calls.items():
                 kernels = per_kernel_us(run, args.iters, flushes[l2])

@@ -85,13 +85,50 @@ def test_timeline_phases_read_the_marks():
 
     # pass 1: (entry, partial computed, SM, unused)
     pass1 = torch.tensor([[1000, 5000, 3, 0], [1200, 7000, 4, 0]], dtype=torch.int64).flatten()
-    # race: (entry, stop known, chunks done, arrived, outputs known, SM, last)
+    # race: (entry, stop known, chunks done, arrived, outputs known, SM, last); the third program's sequence has a
+    # greedy target (no chunks read: slot 2 stays 0), so it counts in the entry and stop phases only
     race = torch.tensor([[9000, 9500, 10000, 10300, 0, 1, 0, 0],
-                         [9100, 9800, 10100, 10600, 11600, 2, 1, 0]], dtype=torch.int64).flatten()
+                         [9100, 9800, 10100, 10600, 11600, 2, 1, 0],
+                         [9050, 9350, 0, 9900, 0, 3, 0, 0]], dtype=torch.int64).flatten()
     phases = timeline_phases(pass1, race)
     assert phases["pass1_span"] == pytest.approx(6.0) and phases["pass1_entry_spread"] == pytest.approx(0.2)
+    # partials at 4.0 and 6.0 µs after the first entry: the upper middle and the 90th percentile's rank (0)
+    assert phases["pass1_half"] == pytest.approx(6.0) and phases["pass1_p90"] == pytest.approx(4.0)
+    # the two sampled programs only: chunks 0.5 and 0.3 µs (median of two: torch's lower), arrivals 0.3 and 0.5
+    assert phases["chunks"] == pytest.approx(0.3) and phases["arrival"] == pytest.approx(0.3)
     assert phases["gap"] == pytest.approx(2.0)  # last partial at 7.0 µs, first race entry at 9.0
     assert phases["race_entry_spread"] == pytest.approx(0.1)
     assert phases["last_draw"] == pytest.approx(1.0) and phases["race_span"] == pytest.approx(2.6)
     assert phases["last_arrival"] == pytest.approx(1.6)
-    assert phases["to_stop"] in (pytest.approx(0.5), pytest.approx(0.7))  # a median of two: either
+    assert phases["to_stop"] == pytest.approx(0.5)  # 0.5, 0.7 and 0.3: all three programs
+
+
+def test_a_timeline_build_mirrors_the_shipped_launch():
+    """`_launches` gives the timeline build the shipped launch's plans, scan and combine, so the marks time the
+    design the per-kernel line times; the launcher refuses a timeline build it would plan itself."""
+    from sdbench.commands.logits_kernels import _launches
+    from sdbench.ops.prob_verify_logits.workload import LogitsConfig, make_logits_workload
+
+    w = make_logits_workload(LogitsConfig(3, 2, vocab_size=300, seed=5)).with_randomness("fast")
+    for variant in ("default", "scan-kernel", "nocombine"):
+        shipped, timeline = _launches(variant, w, 3, 2, 300, 132, True)
+        assert shipped.timeline is None and timeline.timeline is not None
+        assert (timeline.plans, timeline.scan, timeline.combine) == (shipped.plans, shipped.scan, shipped.combine)
+    assert _launches("default", w, 3, 2, 300, 132, False)[1] is None
+    assert _launches("one", w, 3, 2, 300, 132, True)[1] is None  # the one launch has no timeline build
+    from sdbench.commands.logits_kernels import _inputs
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    with pytest.raises(ValueError, match="mirrors a launch"):
+        tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, timeline=True)
+
+
+def test_scan_warps_needs_the_scan_kernel():
+    from sdbench.commands.logits_kernels import _launches
+    from sdbench.ops.prob_verify_logits.workload import LogitsConfig, make_logits_workload
+
+    w = make_logits_workload(LogitsConfig(3, 2, vocab_size=300, seed=5)).with_randomness("fast")
+    assert plan_changes("scanw2+scan-kernel", 3, 2, 300, 132) == {"scan_warps": 2, "scan": "kernel"}
+    assert _launches("scanw2+scan-kernel", w, 3, 2, 300, 132, False)[0].scan == "kernel"
+    with pytest.raises(ValueError, match="scan_warps shapes the scan kernel"):
+        _launches("scanw2+scan-race", w, 3, 2, 300, 132, False)

@@ -42,6 +42,9 @@ float32 rounding, see reference.py):
   and the race's programs in one grid (`_one_launch_kernel`), a race program waiting on its sequence's pass-1
   programs through a count in memory. The kernels' bodies are `_row_stats_program` and `_race_program`, which
   the two-launch kernels call with their program ids.
+- fused_logits with timeline=True (a diagnostic, `logits_kernels --timeline`): the two launches compiled with
+  TIMELINE, every program storing the global timer at marks (`_mark`, PASS1_MARKS, RACE_MARKS) into buffers the
+  launch keeps (`launch.timeline`); with TIMELINE false the kernels compile to the code they have without it.
 - vllm_v2_style (the peer, 4 launches): the multi-kernel design described for vLLM's model runner v2
   rejection sampler (vllm/v1/worker/gpu/sample: block max / sum-exp over vocabulary tiles, a
   per-request accept scan, a Gumbel-max resample of the rejected row), re-implemented here from that
@@ -150,6 +153,7 @@ def _mark(timeline_ptr, slot, after, TIMELINE: tl.constexpr):
     on a test of `after`, so ptxas cannot issue it before `after` is ready (an unused asm operand would not
     hold it back)."""
     if TIMELINE:
+        # (an `after` whose bits are 0x7fc00001, one NaN pattern, records 0: a mark the reader cannot tell from unset)
         now = tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.b32 p, $1, 0x7fc00001; mov.u64 $0, 0; @p mov.u64 $0, %globaltimer; }",
             "=l,r", [after], dtype=tl.int64, is_pure=False, pack=1)
@@ -1333,8 +1337,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
-        if timeline:
-            raise ValueError("timeline marks the two-launch design's programs")
+        if timeline or scan_warps != SCAN_WARPS:
+            raise ValueError("timeline and scan_warps shape the two-launch design: single=True has neither")
         if rule != "token" or scan is not None or combine is not None or mass_plan is not None:
             raise ValueError("single=True is the token rule with the scan in the race: no scan, combine or mass "
                              "plan to choose")
@@ -1343,6 +1347,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
     if lag is not None or maxnreg is not None:
         raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
+    if timeline and (stats_plan_ is None or race_plan is None):
+        # (planned here, the timeline kernels' own registers would size its plans, not the shipped kernels')
+        raise ValueError("a timeline build mirrors a launch: give it that launch's stats_plan_ and race_plan")
     if scan not in (None, "kernel", "race", "pass1"):
         raise ValueError(f"scan must be 'kernel', 'race' or 'pass1', got {scan!r}")
     if rule == "block" and scan not in (None, "race"):
@@ -1364,6 +1371,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         scan = "race" if combine else default_scan(batch, race, device)
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
+    if scan_warps != SCAN_WARPS and scan != "kernel":
+        raise ValueError(f"scan_warps shapes the scan kernel, and this launch scans in {scan!r}")
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
                                   combine, timeline, scan_warps)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
@@ -1456,6 +1465,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
 
     launch.scratch = (best, arrivals, row_arrivals, sequence_arrivals)  # tests check they are left zeroed
     launch.scan = scan
+    launch.combine = combine
     launch.sample = "cdf" if cdf else "race"
     launch.philox_offsets = offsets
     launch.plans = (plan, race)
