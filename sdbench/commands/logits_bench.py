@@ -10,7 +10,9 @@ Timing is sdbench.measure.timing (gpu view: CUPTI device time per call; the grap
 --views). Designs are timed in fast randomness (in-kernel Philox; FlashInfer draws its own), as an
 engine runs them. The bandwidth for the floor's time is the device-to-device copy ceiling measured at the
 start of the run (a 1 GiB copy, bytes read + written per second; every row carries it as `copy_tbps`), or
---tbps to fix it.
+--tbps to fix it. The launch floor of the same run: an empty Triton kernel through the designs' own launch path
+(`launch_floor.path_floor("triton_bound")`), timed in every point's session beside them; every row carries it
+per view as `<view>_launch_floor_us` (empty, with `launch_floor_reason`, where it could not launch).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def _expected_lengths(cfg: LogitsConfig, workload) -> dict[str, float]:
 def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: float, views=("gpu",),
                device: str = "cuda", gpu_iters: int = 20, means: bool = True) -> list[dict]:
     """One row per design at cfg: median time per view, the floor and the ratio the issue asks for."""
-    from sdbench.measure.timing import TimingOptions, measure
+    from sdbench.measure.timing import LAUNCH_FLOOR, TimingOptions, measure
+    from sdbench.ops.launch_floor import path_floor
 
     workload = make_logits_workload(cfg, device).with_randomness("fast")
     floor_bytes = logits_read_floor_bytes(cfg)
@@ -87,11 +90,17 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
             impls[name] = impl
         else:
             reasons[name] = reason
+    # an empty kernel through the designs' launch path, interleaved with them: the launch floor of the same run
+    floor = path_floor("triton_bound", device)
+    floor_runs = {} if floor.run is None else {LAUNCH_FLOOR: floor.run}
     try:  # every design prepared at once: measure() interleaves their calls
         runs = {name: impl.prepare(workload) for name, impl in impls.items()}
-        timings = measure(runs, device, options)
+        timings = measure({**runs, **floor_runs}, device, options)
     except torch.OutOfMemoryError:
         timings = {}
+    if floor_runs and LAUNCH_FLOOR not in timings:  # (the designs did not fit together: the floor alone)
+        timings.update(measure(floor_runs, device, options))
+    floor_timing = timings.pop(LAUNCH_FLOOR, {})
     # Designs whose buffers did not fit beside the others' (b = 512, V = 128256, fp32 on an 80 GB card), or
     # that ran out of memory while timed: again one at a time, each with only the inputs beside it.
     alone = [name for name in impls if name not in timings or _out_of_memory(timings[name])]
@@ -121,8 +130,12 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
         for view, result in timings.get(name, {}).items():
             stats = result.stats
             row[f"{view}_us"] = round(stats.median_us, 2) if stats else ""
+            floor_stats = floor_timing[view].stats if view in floor_timing else None
+            row[f"{view}_launch_floor_us"] = round(floor_stats.median_us, 2) if floor_stats else ""
             if view in ("gpu", "cpu") and stats:
                 row["vs_floor_plus_3us"] = round(stats.median_us / (1.3 * floor_us + 3.0), 3)
+        row["launch_floor_reason"] = floor.reason or next(
+            (f"{view}: {result.reason}" for view, result in floor_timing.items() if result.stats is None), "")
         rows.append(row)
     where = {name: value for name, value in environment.collect(device).items() if name in PROVENANCE}
     for row in rows:

@@ -209,6 +209,24 @@ def test_bench_rows_carry_the_floor_the_bytes_and_both_rules():
 
     assert eager["gpu_name"] is None and eager["torch_version"] == torch.__version__  # where and with what
     assert eager["git_sha"] == environment.software()["git_sha"] and "sm_clock_mhz" in flashinfer
+    # no kernel launches on a CPU device: the launch floor's column is empty and says why
+    assert eager["cpu_launch_floor_us"] == "" and "CPU device" in eager["launch_floor_reason"]
+
+
+def test_bench_times_the_launch_floor_beside_the_designs(monkeypatch):
+    """The launch floor of the same run: the empty launch is timed in the designs' session (interleaved, so
+    it sees their state) and every timed row carries its median per view, with no reason."""
+    import sdbench.ops.launch_floor as floors
+    from sdbench.commands.logits_bench import time_point
+
+    calls = []
+    monkeypatch.setattr(floors, "path_floor",
+                        lambda path, device: floors.LaunchFloor(lambda: calls.append(path), path))
+    cfg = LogitsConfig(2, 2, vocab_size=16, seed=1)
+    (eager,) = time_point(cfg, ["torch_eager"], cold_l2=False, tbps=3.0, views=("cpu",), device="cpu", means=False)
+    assert calls and set(calls) == {"triton_bound"}  # the designs' own launch path
+    assert eager["cpu_launch_floor_us"] > 0 and eager["launch_floor_reason"] == ""
+    assert eager["cpu_launch_floor_us"] < eager["cpu_us"]  # an empty call against a whole verification step
 
 
 def test_bench_times_alone_the_designs_that_do_not_fit_together(monkeypatch):
