@@ -369,10 +369,10 @@ def _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
     return row_max, row_sum, row_arg
 
 
-# Combine functions of tuple reductions: several values reduced in one `tl.reduce` share its shuffles and
-# barriers. The accept scan's latency chain was mostly such reductions, each a round of shuffles and (4 warps)
-# a shared-memory barrier: the H100 timeline (docs/perf-notes.md, "Session 21") had a race program 2.25 µs from
-# entry to row k's normalisers, 0.5 µs of it loads. A pick (a sum of one value and zeros) is exact in any order.
+# Combine functions of tuple reductions: several values reduced in one `tl.reduce` share its shuffles and (at 4
+# warps) its shared-memory barriers. Joining the accept scan's ~17 reductions into four took 0.1-0.3 µs off the
+# race and 0.2-0.5 µs off the scan kernel on the H100, less than predicted: its chain from entry to k is mostly
+# dependent loads (docs/perf-notes.md, "Session 21"). A pick (a sum of one value and zeros) is exact in any order.
 @triton.jit
 def _sum_min(a, x, b, y):
     return a + b, tl.minimum(x, y)
