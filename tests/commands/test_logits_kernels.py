@@ -132,3 +132,8 @@ def test_scan_warps_needs_the_scan_kernel():
     assert _launches("scanw2+scan-kernel", w, 3, 2, 300, 132, False)[0].scan == "kernel"
     with pytest.raises(ValueError, match="scan_warps shapes the scan kernel"):
         _launches("scanw2+scan-race", w, 3, 2, 300, 132, False)
+
+
+def test_cdfchunks_names_the_candidates_draw():
+    assert plan_changes("cdfchunks", 32, 8, 32000, 132) == {"sample": "cdf-chunks"}
+    assert plan_changes("cdf", 32, 8, 32000, 132) == {"sample": "cdf"}

@@ -338,3 +338,74 @@ def test_torch_eager_fast_mode_is_exact_per_temperature(rounds_mixed):
     outputs = registry.get("prob_verify_logits", "torch_eager").prepare(rounds_mixed.with_randomness("fast"))()
     pvalues = group_pvalues(outputs, rounds_mixed)
     assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+
+
+# --- fast mode's inversion with each chunk's column drawn by its race program (sample "cdf-chunks") ----------
+INTERPRETER_CHUNK_ROUNDS = 800  # ~0.1 s per round interpreted; the GPU test runs 10^5 (test_prob_logits_gpu.py)
+CHUNK_VOCAB, CHUNK_LIVE = 64, 8  # interpreted, a race chunk is 16 columns: two live columns in each of 4 chunks
+
+
+def chunk_spread_logits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fixed_logits over CHUNK_LIVE columns (γ = 1), placed at columns 8·i + 3 of CHUNK_VOCAB (-1e4 elsewhere: p = q
+    = 0 there in float32), and those columns."""
+    target, draft = fixed_logits(vocab=CHUNK_LIVE, gamma=1, seed=5)
+    columns = torch.arange(CHUNK_LIVE) * (CHUNK_VOCAB // CHUNK_LIVE) + 3
+    wide_target = torch.full((2, CHUNK_VOCAB), -1e4)
+    wide_draft = torch.full((1, CHUNK_VOCAB), -1e4)
+    wide_target[:, columns], wide_draft[:, columns] = target, draft
+    return wide_target, wide_draft, columns
+
+
+def chunk_candidate_draws(rounds: int, sample: str = "cdf-chunks") -> dict[str, list]:
+    """fused_logits' fast-mode outputs over the spread logits, the tokens mapped back to 0..CHUNK_LIVE-1
+    (CHUNK_LIVE for a column that should never be drawn), and the race plan's chunk columns."""
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    wide_target, wide_draft, columns = chunk_spread_logits()
+    cfg = LogitsConfig(rounds, 1, vocab_size=CHUNK_VOCAB, temperatures=(1.0,), seed=9)
+    w = logits_workload_from_logits(wide_target.expand(rounds, -1, -1).contiguous(),
+                                    wide_draft.expand(rounds, -1, -1).contiguous(), cfg).with_randomness("fast")
+    out = allocate_outputs(w)
+    launch = kernels.fused_logits_launcher(
+        kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                              w.draft_temperature, w.uniforms, w.exponential_noise), out, fast=True, seed=w.seed,
+        offset=w.offset, sample=sample)
+    launch()
+    index = torch.full((CHUNK_VOCAB,), CHUNK_LIVE, dtype=torch.int64)
+    index[columns] = torch.arange(CHUNK_LIVE)
+    tokens = out["output_tokens"]
+    race = launch.plans[1]
+    return {"output_tokens": torch.where(tokens >= 0, index[tokens.clamp_min(0)], tokens).tolist(),
+            "accepted_lengths": out["accepted_lengths"].tolist(), "sample": launch.sample,
+            "chunk_columns": 4 * race.rows, "chunks": race.programs * race.steps}
+
+
+INTERPRETER_CHUNKS_CHI2 = """
+import json, sys
+sys.path.insert(0, {here!r})
+from test_logits_exactness import chunk_candidate_draws
+print(json.dumps(chunk_candidate_draws({rounds})))
+"""
+
+
+@pytest.mark.slow
+def test_chunk_candidates_are_exact_under_the_interpreter():
+    """sample "cdf-chunks" (each race program draws its chunk's own column; the last arrival picks a chunk by
+    its mass) emits the token rule's distribution (χ², p-value > 1e-3) where the residual spreads over 4 chunks,
+    two live columns in each, and never a dead column. Must fail: the same draws with each drawn token moved to
+    the next chunk's live column (a chunk-level mistake) fail the first-token check."""
+    pytest.importorskip("triton")
+    script = INTERPRETER_CHUNKS_CHI2.format(here=str(Path(__file__).resolve().parent), rounds=INTERPRETER_CHUNK_ROUNDS)
+    report = run_interpreted(script, timeout=900)
+    assert report["sample"] == "cdf-chunks" and report["chunks"] == 4 and report["chunk_columns"] == 16, report
+    outputs = {name: torch.tensor(report[name]) for name in ("output_tokens", "accepted_lengths")}
+    assert int((outputs["output_tokens"] == CHUNK_LIVE).sum()) == 0
+    wide_target, wide_draft, columns = chunk_spread_logits()
+    p, q = wide_target[:, columns].softmax(dim=1), wide_draft[:, columns].softmax(dim=1)
+    pvalues = exactness_pvalues(outputs, p, q)
+    assert min(pvalues.values()) > SIGNIFICANCE, pvalues
+    tokens, k = outputs["output_tokens"].clone(), outputs["accepted_lengths"]
+    rows = torch.arange(tokens.shape[0])
+    tokens[rows, k] = (tokens[rows, k] + 2) % CHUNK_LIVE  # the drawn token, one chunk on
+    assert exactness_pvalues({**outputs, "output_tokens": tokens}, p, q)["first_token"] < SIGNIFICANCE

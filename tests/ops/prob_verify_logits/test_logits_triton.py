@@ -150,7 +150,8 @@ def _run_cases() -> dict[str, str | None]:
                                        fast.target_temperature, fast.draft_temperature, fast.uniforms,
                                        fast.exponential_noise)
         peer = snapshot(vllm.prepare(fast))  # the first call's draws
-        for scan, sample in ((scan, sample) for scan in ("race", "pass1", "kernel") for sample in ("race", "cdf")):
+        for scan, sample in ((scan, sample) for scan in ("race", "pass1", "kernel")
+                             for sample in ("race", "cdf", "cdf-chunks")):
             # fast mode: a scan in pass 1 or in its own kernel draws the race's accept uniforms
             outputs = allocate_outputs(fast)
             launch = kernels.fused_logits_launcher(inputs, outputs, fast=True, seed=fast.seed, offset=fast.offset,
@@ -158,6 +159,12 @@ def _run_cases() -> dict[str, str | None]:
             launch()
             if sample == "race" and not torch.equal(outputs["output_tokens"], peer["output_tokens"]):
                 return f"scan {scan}: {outputs['output_tokens'].tolist()} != vllm's {peer['output_tokens'].tolist()}"
+            # every way of drawing the residual accepts alike (the same accept uniforms)
+            k = peer["accepted_lengths"]
+            accepted = torch.arange(fast.draft_tokens.shape[1] + 1)[None, :] < k[:, None]
+            if not (torch.equal(outputs["accepted_lengths"], k)
+                    and torch.equal(outputs["output_tokens"][accepted], peer["output_tokens"][accepted])):
+                return f"scan {scan}, {sample}: {outputs['output_tokens'].tolist()} accepts unlike vllm"
             launch()
             if any(counter.any() for counter in launch.scratch):
                 return f"scan {scan}: scratch not reset: {launch.scratch}"
