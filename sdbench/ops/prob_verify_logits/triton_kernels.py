@@ -448,8 +448,9 @@ def _draft_token_probs(tokens, target_logit, draft_logit, vocab, row_max, row_su
     at_t = rows == positions[:, None]
     at_d = rows == positions[:, None] + GAMMA + 1
     max_t, sum_t, arg_t, max_d, sum_d, arg_d = tl.reduce(
-        (tl.where(at_t, row_max[None, :], 0.0), tl.where(at_t, row_sum[None, :], 0.0), tl.where(at_t, row_arg[None, :], 0),
-         tl.where(at_d, row_max[None, :], 0.0), tl.where(at_d, row_sum[None, :], 0.0), tl.where(at_d, row_arg[None, :], 0)),
+        (tl.where(at_t, row_max[None, :], 0.0), tl.where(at_t, row_sum[None, :], 0.0),
+         tl.where(at_t, row_arg[None, :], 0), tl.where(at_d, row_max[None, :], 0.0),
+         tl.where(at_d, row_sum[None, :], 0.0), tl.where(at_d, row_arg[None, :], 0)),
         1, _sum6)
     p = _probability(target_logit, inverse_t, max_t, sum_t, greedy_t, tokens == arg_t, PRECISE_MATH)
     q = _probability(draft_logit, inverse_d, max_d, sum_d, greedy_d, tokens == arg_d, PRECISE_MATH)
@@ -853,7 +854,7 @@ def _race_program(
     machine, so the repeats run beside each other). STOP_STATS (scan "kernel"): `_scan_kernel` also left
     row k's normalisers at stop_stats_ptr [B, 6], so a program loads 7 numbers and combines nothing.
     CDF (fast mode's default): each program stores its chunks' residual masses (chunk_mass_ptr, float32,
-    `chunks`·STEPS a sequence) and the last arrival draws the token by inversion (`_cdf_pick`); otherwise
+    `chunks`·STEPS a sequence; with CANDIDATES a (mass, column) pair a chunk) and the last arrival draws the token by inversion (`_cdf_pick`); otherwise
     the exponential race on Philox noise (supplied mode: on the supplied noise, as the reference defines).
     CANDIDATES (with CDF; sample "cdf-chunks", an experiment): each program also draws its chunks' own columns
     (`_chunk_candidate`), stored beside their masses, and the last arrival only picks a chunk (`_candidate_pick`):
@@ -1381,8 +1382,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     row's last program combined it); None: `default_scan`. sample (fast mode): how the residual token is
     drawn, "cdf" (by inversion, `_cdf_pick`; the default), "cdf-chunks" (by inversion, each race program drawing
     its chunks' own columns and the last arrival picking a chunk, `_candidate_pick`: an experiment, not yet timed)
-    or "race" (the exponential race on Philox noise per column, the draws vllm_v2_style makes); supplied randomness is the race on the supplied noise, as
-    the reference defines it. combine (scan "race", the block rule): pass 1's last program of a row
+    or "race" (the exponential race on Philox noise per column, the draws vllm_v2_style makes); supplied
+    randomness is the race on the supplied noise, as the reference defines it. combine (scan "race", the block rule): pass 1's last program of a row
     combines the row's partials (an arrival atomic per program), or (False) every race program combines
     them; None: `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
     Plans left None are sized on a GPU to the kernels as they compiled (their resident programs per SM);

@@ -342,14 +342,15 @@ def test_torch_eager_fast_mode_is_exact_per_temperature(rounds_mixed):
 
 # --- fast mode's inversion with each chunk's column drawn by its race program (sample "cdf-chunks") ----------
 INTERPRETER_CHUNK_ROUNDS = 800  # ~0.1 s per round interpreted; the GPU test runs 10^5 (test_prob_logits_gpu.py)
-CHUNK_VOCAB, CHUNK_LIVE = 64, 8  # interpreted, a race chunk is 16 columns: two live columns in each of 4 chunks
+CHUNK_VOCAB, CHUNK_LIVE = 64, 16  # interpreted, a race chunk is 16 columns: four live columns in each of 4 chunks
 
 
 def chunk_spread_logits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """fixed_logits over CHUNK_LIVE columns (γ = 1), placed at columns 8·i + 3 of CHUNK_VOCAB (-1e4 elsewhere: p = q
-    = 0 there in float32), and those columns."""
-    target, draft = fixed_logits(vocab=CHUNK_LIVE, gamma=1, seed=5)
-    columns = torch.arange(CHUNK_LIVE) * (CHUNK_VOCAB // CHUNK_LIVE) + 3
+    """fixed_logits over CHUNK_LIVE columns (γ = 1), placed at columns 4·i + 1 of CHUNK_VOCAB (-1e4 elsewhere: p = q
+    = 0 there in float32), and those columns. With seed 0 the residual max(0, p_0 - q_0) is positive at 3 or 4
+    columns of every chunk and a round rejects with probability 0.67, so both levels of the draw have choices."""
+    target, draft = fixed_logits(vocab=CHUNK_LIVE, gamma=1, seed=0)
+    columns = torch.arange(CHUNK_LIVE) * (CHUNK_VOCAB // CHUNK_LIVE) + 1
     wide_target = torch.full((2, CHUNK_VOCAB), -1e4)
     wide_draft = torch.full((1, CHUNK_VOCAB), -1e4)
     wide_target[:, columns], wide_draft[:, columns] = target, draft
@@ -393,8 +394,9 @@ print(json.dumps(chunk_candidate_draws({rounds})))
 def test_chunk_candidates_are_exact_under_the_interpreter():
     """sample "cdf-chunks" (each race program draws its chunk's own column; the last arrival picks a chunk by
     its mass) emits the token rule's distribution (χ², p-value > 1e-3) where the residual spreads over 4 chunks,
-    two live columns in each, and never a dead column. Must fail: the same draws with each drawn token moved to
-    the next chunk's live column (a chunk-level mistake) fail the first-token check."""
+    with 3-4 positive columns in each, and never a dead column. Must fail, the first-token check on the same draws
+    with each drawn token moved: to the next chunk's column (a chunk-level mistake), or to its neighbour within
+    the chunk (a mistake of the chunk's own draw, the new code)."""
     pytest.importorskip("triton")
     script = INTERPRETER_CHUNKS_CHI2.format(here=str(Path(__file__).resolve().parent), rounds=INTERPRETER_CHUNK_ROUNDS)
     report = run_interpreted(script, timeout=900)
@@ -403,9 +405,12 @@ def test_chunk_candidates_are_exact_under_the_interpreter():
     assert int((outputs["output_tokens"] == CHUNK_LIVE).sum()) == 0
     wide_target, wide_draft, columns = chunk_spread_logits()
     p, q = wide_target[:, columns].softmax(dim=1), wide_draft[:, columns].softmax(dim=1)
+    per_chunk = ((p[0] - q[0]) > 0).view(4, CHUNK_LIVE // 4).sum(dim=1)
+    assert bool((per_chunk >= 2).all()), per_chunk  # the within-chunk draw has choices in every chunk
     pvalues = exactness_pvalues(outputs, p, q)
     assert min(pvalues.values()) > SIGNIFICANCE, pvalues
-    tokens, k = outputs["output_tokens"].clone(), outputs["accepted_lengths"]
-    rows = torch.arange(tokens.shape[0])
-    tokens[rows, k] = (tokens[rows, k] + 2) % CHUNK_LIVE  # the drawn token, one chunk on
-    assert exactness_pvalues({**outputs, "output_tokens": tokens}, p, q)["first_token"] < SIGNIFICANCE
+    rows, k = torch.arange(outputs["output_tokens"].shape[0]), outputs["accepted_lengths"]
+    for moved in (lambda x: (x + CHUNK_LIVE // 4) % CHUNK_LIVE, lambda x: x ^ 1):  # next chunk; neighbour within
+        tokens = outputs["output_tokens"].clone()
+        tokens[rows, k] = moved(tokens[rows, k])  # the drawn token only (position k)
+        assert exactness_pvalues({**outputs, "output_tokens": tokens}, p, q)["first_token"] < SIGNIFICANCE

@@ -165,6 +165,16 @@ def _run_cases() -> dict[str, str | None]:
             if not (torch.equal(outputs["accepted_lengths"], k)
                     and torch.equal(outputs["output_tokens"][accepted], peer["output_tokens"][accepted])):
                 return f"scan {scan}, {sample}: {outputs['output_tokens'].tolist()} accepts unlike vllm"
+            # the drawn token (position k) is one the rule can draw: where the residual p - q (p at the bonus
+            # row) is positive, the argmax for a greedy target
+            rows = torch.arange(k.numel())
+            drawn = outputs["output_tokens"][rows, k]
+            p = reference.temperature_probs(fast.target_logits, fast.target_temperature, torch.float64)[rows, k]
+            q = reference.temperature_probs(fast.draft_logits, fast.draft_temperature, torch.float64)
+            q = torch.where((k < fast.draft_tokens.shape[1])[:, None], q[rows, k.clamp(max=q.shape[1] - 1)], 0.0)
+            in_vocab = (drawn >= 0) & (drawn < p.shape[1])
+            if not (bool(in_vocab.all()) and bool(((p - q)[rows, drawn.clamp(0, p.shape[1] - 1)] > 0).all())):
+                return f"scan {scan}, {sample}: drawn {drawn.tolist()} where the residual is not positive"
             launch()
             if any(counter.any() for counter in launch.scratch):
                 return f"scan {scan}: scratch not reset: {launch.scratch}"
