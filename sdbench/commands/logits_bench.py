@@ -150,6 +150,13 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
     return rows
 
 
+def copy_ceiling_tbps(device: str = "cuda") -> float:
+    """The logits floors' bandwidth: a 1 GiB device-to-device copy measured now, bytes read + written, TB/s."""
+    from sdbench.commands.calibrate_tau import measure_copy_bandwidth_gbps
+
+    return measure_copy_bandwidth_gbps(device, n_bytes=2**30) / 1000
+
+
 def _out_of_memory(views_timed) -> bool:
     """A view that ran out of device memory: the design raised it (error), or the profiler session did (unavailable)."""
     return any("OutOfMemoryError" in (result.reason or "") for result in views_timed.values())
@@ -193,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.lengths_only:
         return _write_lengths(grid, args.out)
     if args.tbps is None:
-        from sdbench.commands.calibrate_tau import measure_copy_bandwidth_gbps
-
-        args.tbps = measure_copy_bandwidth_gbps("cuda", n_bytes=2**30) / 1000
+        args.tbps = copy_ceiling_tbps()
         print(f"copy ceiling: {args.tbps:.2f} TB/s (1 GiB device-to-device copy, read + write)", file=sys.stderr)
     rows = []
     with open(args.out + ".jsonl", "w") as progress:  # row by row, so a run cut short keeps what it measured

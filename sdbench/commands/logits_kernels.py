@@ -9,8 +9,7 @@ accept scan runs), `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: ab
 spans rounded up), `tile<N>` / `warps<N>` (pass 1: N columns a step, N warps a program; planned for STATS_WAVES
 waves of STATS_PER_SM_GUESS programs per SM unless span or pps is named), `cap<N>` (pass 1: at most N splits
 below one wave),
-`r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM), `scanw<N>` (N warps in
-`_scan_kernel`),
+`r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
 `race` / `cdf` / `cdfchunks` (how fast mode draws the residual token: the exponential race, by inversion, or by
 inversion with each chunk's column drawn by its own race program), `combine` /
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
@@ -33,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 
 import torch
 import triton
@@ -81,8 +81,6 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             changes["combine"] = part == "combine"
         elif part == "one":
             changes["single"] = True
-        elif part.startswith("scanw"):
-            changes["scan_warps"] = int(part[5:])
         elif part.startswith("reg"):
             changes["maxnreg"] = int(part[3:])
         elif part.startswith("lag"):
@@ -130,11 +128,6 @@ def per_kernel_us(run, iters: int, flush=None) -> dict[str, float]:
     return {name: sorted(ts)[len(ts) // 2] * len(ts) / iters for name, ts in durations.items()}
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
-
-
 def timeline_phases(pass1: torch.Tensor, race: torch.Tensor) -> dict[str, float]:
     """One call's marks (`fused_logits_launcher(timeline=True)`'s `launch.timeline`, on the host) as µs phases."""
     p = pass1.view(-1, tk.PASS1_MARKS.value).double() / 1000.0
@@ -170,7 +163,7 @@ def timeline_us(run, iters: int, flush=None) -> dict[str, float]:
         torch.cuda.synchronize()
         if i >= 2:  # two warm-up calls
             calls.append(timeline_phases(*(marks.cpu() for marks in run.timeline)))
-    return {key: _median([call[key] for call in calls]) for key in calls[0]}
+    return {key: statistics.median_high([call[key] for call in calls]) for key in calls[0]}
 
 
 def _launches(variant: str, w, batch: int, gamma: int, vocab: int, sms: int, timeline: bool):
@@ -203,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     flushes = {"cold": l2_flush(device), "dirty": l2_flush(device, dirty=True), "warm": None}
     if args.copy_tbps is None:
-        from sdbench.commands.calibrate_tau import measure_copy_bandwidth_gbps
+        from sdbench.commands.logits_bench import copy_ceiling_tbps
 
-        args.copy_tbps = measure_copy_bandwidth_gbps("cuda", n_bytes=2**30) / 1000
+        args.copy_tbps = copy_ceiling_tbps()
     rows = []
     for point in args.points.split(","):
         batch, gamma, vocab, dtype = point.split(":")
@@ -217,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants.split(","):
             try:
                 launches = _launches(variant, w, batch, gamma, vocab, sms, args.timeline)
-            except ValueError as err:  # a variant that does not apply at this point (e.g. scanw<N> where the race scans)
+            except ValueError as err:  # a variant that does not apply at this point (e.g. cdfchunks with one launch)
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {variant}: not run: {err}", flush=True)
                 continue
             calls[variant] = launches[0]

@@ -119,19 +119,10 @@ def test_a_timeline_build_mirrors_the_shipped_launch():
     from sdbench.commands.logits_kernels import _inputs
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
+    with pytest.raises(ValueError, match="single=True has neither"):  # the tool prints and skips such a variant
+        _launches("one+cdfchunks", w, 3, 2, 300, 132, False)
     with pytest.raises(ValueError, match="mirrors a launch"):
         tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, timeline=True)
-
-
-def test_scan_warps_needs_the_scan_kernel():
-    from sdbench.commands.logits_kernels import _launches
-    from sdbench.ops.prob_verify_logits.workload import LogitsConfig, make_logits_workload
-
-    w = make_logits_workload(LogitsConfig(3, 2, vocab_size=300, seed=5)).with_randomness("fast")
-    assert plan_changes("scanw2+scan-kernel", 3, 2, 300, 132) == {"scan_warps": 2, "scan": "kernel"}
-    assert _launches("scanw2+scan-kernel", w, 3, 2, 300, 132, False)[0].scan == "kernel"
-    with pytest.raises(ValueError, match="scan_warps shapes the scan kernel"):
-        _launches("scanw2+scan-race", w, 3, 2, 300, 132, False)
 
 
 def test_cdfchunks_names_the_candidates_draw():

@@ -110,7 +110,6 @@ STATS_PER_SM_GUESS = 12  # pass 1's resident programs per SM before it is compil
 RACE_PER_SM_GUESS = 8  # the race's, likewise (64 registers at 1024-column chunks)
 RACE_MIN_PROGRAMS = 4  # race programs a sequence at the least, whatever the wave (race_steps)
 RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
-SCAN_WARPS = 4  # `_scan_kernel`'s warps (fused_logits_launcher's scan_warps; logits_kernels' scanw<N>)
 SINGLE_WARPS = 4  # one launch: pass 1's warps; the race's programs run with them too
 # timeline builds (`_mark`): int64 slots a program. Pass 1: entry, its partial computed, its SM. The race: entry,
 # row k's normalisers known, its chunks done, its arrival counted, the outputs' values known (last arrival only, else
@@ -689,6 +688,20 @@ def _chunk_candidate(positive, first_col, chunk_index, seed, b, offset, CHUNK: t
 
 
 @triton.jit
+def _cdf_chunk(mass, index, seed, b, offset):
+    """The inversion's first level over float64 chunk masses [CHUNKS_PAD] (0 past the row's chunks): (the chunk
+    whose cumulative mass first exceeds u·M, u = `_cdf_uniform` at counter 0; the cumulative; M; u·M; the last
+    chunk with mass, -1 when M = 0). The chunk is clamped to [0, last]: with M = 0 a chunk read afterwards must
+    still be inside the row (the caller discards it)."""
+    cumulative = tl.cumsum(mass, axis=0)
+    total = tl.sum(mass, axis=0)
+    threshold = _cdf_uniform(seed, b, offset, 0) * total
+    last = tl.max(tl.where(mass > 0, index, -1), axis=0)
+    chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
+    return chunk, cumulative, total, threshold, last
+
+
+@triton.jit
 def _candidate_pick(chunk_mass_ptr, b, chunks, seed, offset, CHUNKS_PAD: tl.constexpr):
     """Sample "cdf-chunks", the last arrival: the chunk by inversion over the `chunks` chunk masses, as
     `_cdf_pick` picks it (the same uniform), and that chunk's candidate. Each chunk's (mass, candidate) pair
@@ -699,11 +712,7 @@ def _candidate_pick(chunk_mass_ptr, b, chunks, seed, offset, CHUNKS_PAD: tl.cons
     pair = chunk_mass_ptr + 2 * (b * chunks + index)
     mass = tl.load(pair, mask=valid, other=0.0, cache_modifier=".cg").to(tl.float64)
     candidate = tl.load(pair + 1, mask=valid, other=0.0, cache_modifier=".cg").to(tl.int32, bitcast=True)
-    cumulative = tl.cumsum(mass, axis=0)
-    total = tl.sum(mass, axis=0)
-    threshold = _cdf_uniform(seed, b, offset, 0) * total
-    last = tl.max(tl.where(mass > 0, index, -1), axis=0)
-    chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
+    chunk, _, total, _, last = _cdf_chunk(mass, index, seed, b, offset)
     pick = tl.sum(tl.where(index == chunk, candidate, 0), axis=0)
     return tl.where((total > 0) & (last >= 0), pick, -1)
 
@@ -723,13 +732,7 @@ def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft
     index = tl.arange(0, CHUNKS_PAD)
     mass = tl.load(chunk_mass_ptr + b * chunks + index, mask=index < chunks, other=0.0,
                    cache_modifier=".cg").to(tl.float64)
-    cumulative = tl.cumsum(mass, axis=0)
-    total = tl.sum(mass, axis=0)
-    u = _cdf_uniform(seed, b, offset, 0)
-    threshold = u * total
-    last = tl.max(tl.where(mass > 0, index, -1), axis=0)
-    # >= 0: with M = 0 (last = -1) the chunk read below must still be inside the row (the result is unused)
-    chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
+    chunk, cumulative, total, threshold, last = _cdf_chunk(mass, index, seed, b, offset)
     chunk_mass = tl.sum(tl.where(index == chunk, mass, 0.0), axis=0)
     before = tl.sum(tl.where(index == chunk, cumulative, 0.0), axis=0) - chunk_mass
     # >= 0: `before` may round an ulp above the threshold; 0 then takes the chunk's first positive column
@@ -1373,8 +1376,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           mass_plan: StatsPlan | None = None, race_plan: RacePlan | None = None,
                           scan: str | None = None, sample: str | None = None, combine: bool | None = None,
                           stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
-                          lag: int | None = None, maxnreg: int | None = None, timeline: bool = False,
-                          scan_warps: int = SCAN_WARPS):
+                          lag: int | None = None, maxnreg: int | None = None, timeline: bool = False):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1393,14 +1395,12 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     maxnreg: a cap on the one kernel's registers a thread (ptxas spills above it). An experiment, not a default
     (docs/perf-notes.md, "Session 17").
     timeline (two launches): a timeline build of pass 1 and the race (`_mark`), whose marks the launch keeps as
-    `launch.timeline` = (pass 1's, the race's); a diagnostic (`logits_kernels --timeline`), never timed as the design.
-    scan_warps: the warps of `_scan_kernel` (scan "kernel")."""
+    `launch.timeline` = (pass 1's, the race's); a diagnostic (`logits_kernels --timeline`), never timed as the design."""
     if sample not in (None, "cdf", "race", "cdf-chunks"):
         raise ValueError(f"sample must be 'cdf', 'race' or 'cdf-chunks', got {sample!r}")
     if single:
-        if timeline or scan_warps != SCAN_WARPS or sample == "cdf-chunks":
-            raise ValueError("timeline, scan_warps and sample='cdf-chunks' shape the two-launch design: single=True "
-                             "has none of them")
+        if timeline or sample == "cdf-chunks":
+            raise ValueError("timeline and sample='cdf-chunks' shape the two-launch design: single=True has neither")
         if rule != "token" or scan is not None or combine is not None or mass_plan is not None:
             raise ValueError("single=True is the token rule with the scan in the race: no scan, combine or mass "
                              "plan to choose")
@@ -1433,10 +1433,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         scan = "race" if combine else default_scan(batch, race, device)
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
-    if scan_warps != SCAN_WARPS and scan != "kernel":
-        raise ValueError(f"scan_warps shapes the scan kernel, and this launch scans in {scan!r}")
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                  combine, timeline, scan_warps)
+                                  combine, timeline)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
@@ -1447,7 +1445,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm)
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                          combine, timeline, scan_warps)
+                                          combine, timeline)
         # (from the kernels compiled with the first plans: the race's registers can move a little with its steps)
         launch.programs_per_sm = (stats_per_sm, race_per_sm)
     return launch
@@ -1455,8 +1453,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 
 def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
-                         sample: str | None, combine: bool, timeline: bool = False,
-                         scan_warps: int = SCAN_WARPS):
+                         sample: str | None, combine: bool, timeline: bool = False):
     """fused_logits_launcher with every choice made."""
     cdf = fast and sample != "race"
     candidates = cdf and sample == "cdf-chunks"
@@ -1496,7 +1493,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                      vocab, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
                      t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
         scan_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(plan.splits), FAST=fast, FLAGS=True,
-                         num_warps=scan_warps)
+                         num_warps=4)
         launches.append(BoundLaunch(_scan_kernel, (batch,), scan_args, scan_meta, device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
     mass_plan = mass_plan or (default_row_plan(mass_rows, vocab, device) if mass_rows else StatsPlan(span=vocab, splits=1))
