@@ -10,8 +10,7 @@ spans rounded up), `tile<N>` / `warps<N>` (pass 1: N columns a step, N warps a p
 waves of STATS_PER_SM_GUESS programs per SM unless span or pps is named), `cap<N>` (pass 1: at most N splits
 below one wave),
 `r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
-`race` / `cdf` / `cdfchunks` (how fast mode draws the residual token: the exponential race, by inversion, or by
-inversion with each chunk's column drawn by its own race program), `combine` /
+`race` / `cdf` (how fast mode draws the residual token: the exponential race or by inversion), `combine` /
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
 unless a scan is named), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
 `r<ROWS>x<N>`, `lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N
@@ -75,8 +74,8 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             continue
         if part.startswith("scan-") and part[5:] in ("kernel", "race", "pass1"):
             changes["scan"] = part[5:]
-        elif part in ("race", "cdf", "cdfchunks"):
-            changes["sample"] = "cdf-chunks" if part == "cdfchunks" else part
+        elif part in ("race", "cdf"):
+            changes["sample"] = part
         elif part in ("combine", "nocombine"):
             changes["combine"] = part == "combine"
         elif part == "one":
@@ -210,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants.split(","):
             try:
                 launches = _launches(variant, w, batch, gamma, vocab, sms, args.timeline)
-            except ValueError as err:  # a variant that does not apply at this point (e.g. cdfchunks with one launch)
+            except ValueError as err:  # a variant that does not apply at this point (e.g. timeline with one launch)
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {variant}: not run: {err}", flush=True)
                 continue
             calls[variant] = launches[0]

@@ -119,12 +119,12 @@ def test_a_timeline_build_mirrors_the_shipped_launch():
     from sdbench.commands.logits_kernels import _inputs
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
-    with pytest.raises(ValueError, match="single=True has neither"):  # the tool prints and skips such a variant
-        _launches("one+cdfchunks", w, 3, 2, 300, 132, False)
     with pytest.raises(ValueError, match="mirrors a launch"):
         tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, timeline=True)
+    with pytest.raises(ValueError, match="single=True has none"):
+        tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, single=True, timeline=True)
 
 
-def test_cdfchunks_names_the_candidates_draw():
-    assert plan_changes("cdfchunks", 32, 8, 32000, 132) == {"sample": "cdf-chunks"}
+def test_sample_variants_name_the_draw():
     assert plan_changes("cdf", 32, 8, 32000, 132) == {"sample": "cdf"}
+    assert plan_changes("race+scan-kernel", 32, 8, 32000, 132) == {"sample": "race", "scan": "kernel"}

@@ -664,27 +664,11 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
 @triton.jit
 def _cdf_uniform(seed, b, offset, counter):
     """A uniform in [0, 1) with 53 bits (two Philox words) of fast mode's inversion stream (STREAM_CDF) for
-    sequence b at its offset: counter 0 picks the chunk, counter c + 1 the column within chunk c
-    (sample "cdf-chunks", `_chunk_candidate`)."""
+    sequence b at its offset and `counter` (`_cdf_pick` uses counter 0 for both of its levels)."""
     zero = tl.zeros([1], tl.uint32)
     first = (tl.zeros([1], tl.int64) + counter).to(tl.uint32)  # (counter: a Python int or a tensor)
     r0, r1, _, _ = tl.philox(seed, first, zero + b.to(tl.uint32), zero + offset.to(tl.uint32), zero + STREAM_CDF)
     return tl.sum((r0.to(tl.float64) + r1.to(tl.float64) * 2.3283064365386963e-10) * 2.3283064365386963e-10, axis=0)
-
-
-@triton.jit
-def _chunk_candidate(positive, first_col, chunk_index, seed, b, offset, CHUNK: tl.constexpr):
-    """Sample "cdf-chunks": chunk `chunk_index`'s own column, drawn by the race program that summed it, from its
-    max(w, 0) (`positive`, CHUNK values in column order from first_col): the first column whose float64
-    cumulative exceeds u_c times the chunk's float64 sum, u_c = `_cdf_uniform` at counter chunk_index + 1
-    (independent of the chunk level's). This is `_cdf_pick`'s second level, done by every program beside its sum
-    instead of by the last arrival after re-reading the chosen chunk. -1 where the chunk has no w > 0."""
-    w = tl.reshape(positive, [CHUNK]).to(tl.float64)
-    within = tl.cumsum(w, axis=0)
-    u = _cdf_uniform(seed, b, offset, chunk_index + 1)
-    below = tl.sum((within <= u * tl.sum(w, axis=0)).to(tl.int32), axis=0)
-    last_col = tl.max(tl.where(w > 0, tl.arange(0, CHUNK), -1), axis=0)
-    return tl.where(last_col >= 0, first_col + tl.minimum(below, last_col), -1)
 
 
 @triton.jit
@@ -699,22 +683,6 @@ def _cdf_chunk(mass, index, seed, b, offset):
     last = tl.max(tl.where(mass > 0, index, -1), axis=0)
     chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
     return chunk, cumulative, total, threshold, last
-
-
-@triton.jit
-def _candidate_pick(chunk_mass_ptr, b, chunks, seed, offset, CHUNKS_PAD: tl.constexpr):
-    """Sample "cdf-chunks", the last arrival: the chunk by inversion over the `chunks` chunk masses, as
-    `_cdf_pick` picks it (the same uniform), and that chunk's candidate. Each chunk's (mass, candidate) pair
-    is interleaved at chunk_mass_ptr[2·(b·chunks + c)], so both come back in one L2 round trip. A column is
-    drawn with probability (m_c / M)·(w_x / Σ_c w), as by `_cdf_pick`. Returns the column, or -1 when M = 0."""
-    index = tl.arange(0, CHUNKS_PAD)
-    valid = index < chunks
-    pair = chunk_mass_ptr + 2 * (b * chunks + index)
-    mass = tl.load(pair, mask=valid, other=0.0, cache_modifier=".cg").to(tl.float64)
-    candidate = tl.load(pair + 1, mask=valid, other=0.0, cache_modifier=".cg").to(tl.int32, bitcast=True)
-    chunk, _, total, _, last = _cdf_chunk(mass, index, seed, b, offset)
-    pick = tl.sum(tl.where(index == chunk, candidate, 0), axis=0)
-    return tl.where((total > 0) & (last >= 0), pick, -1)
 
 
 @triton.jit
@@ -842,7 +810,7 @@ def _race_program(
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, STATS_CACHE: tl.constexpr,
-    TIMELINE: tl.constexpr, CANDIDATES: tl.constexpr,
+    TIMELINE: tl.constexpr,
 ):
     """The race's program (b, c), grid (B, chunks) in `_logits_race_kernel`; returns whether it arrived last.
     It owns STEPS chunks of 4·ROWS columns of the stopping row, columns
@@ -857,11 +825,8 @@ def _race_program(
     machine, so the repeats run beside each other). STOP_STATS (scan "kernel"): `_scan_kernel` also left
     row k's normalisers at stop_stats_ptr [B, 6], so a program loads 7 numbers and combines nothing.
     CDF (fast mode's default): each program stores its chunks' residual masses (chunk_mass_ptr, float32,
-    `chunks`·STEPS a sequence; with CANDIDATES a (mass, column) pair a chunk) and the last arrival draws the token by inversion (`_cdf_pick`); otherwise
+    `chunks`·STEPS a sequence) and the last arrival draws the token by inversion (`_cdf_pick`); otherwise
     the exponential race on Philox noise (supplied mode: on the supplied noise, as the reference defines).
-    CANDIDATES (with CDF; sample "cdf-chunks", an experiment): each program also draws its chunks' own columns
-    (`_chunk_candidate`), stored beside their masses, and the last arrival only picks a chunk (`_candidate_pick`):
-    no second read of row k after the arrivals.
     RULE "block": the stop τ and w_τ from the draft-token ratios and the residual masses at mass_ptr
     (`_block_scan`, every program), and the race over max(0, w_τ·p_τ - q_τ). Constexprs: each path
     compiles only its own code.
@@ -927,14 +892,7 @@ def _race_program(
                 w = _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t,
                                  max_d, sum_d, arg_d, target_scale, True, True, RULE == "block")
                 chunk_sum = tl.sum(tl.maximum(w, 0.0))
-                if CANDIDATES:  # (mass, candidate) pairs: `_candidate_pick` reads both in one round trip
-                    pair = chunk_mass_ptr + 2 * (b * chunks * STEPS + first + step)
-                    tl.store(pair, chunk_sum)
-                    candidate = _chunk_candidate(tl.maximum(w, 0.0), (first + step) * (4 * ROWS), first + step, seed,
-                                                 b, offset, 4 * ROWS)
-                    tl.store(pair + 1, candidate.to(tl.float32, bitcast=True))
-                else:
-                    tl.store(chunk_mass_ptr + b * chunks * STEPS + first + step, chunk_sum)
+                tl.store(chunk_mass_ptr + b * chunks * STEPS + first + step, chunk_sum)
                 cols, z_t, z_d = next_cols, next_t, next_d
                 if step == STEPS - 1:
                     _mark(timeline_ptr, mark + 2, chunk_sum.to(tl.int32, bitcast=True), TIMELINE)
@@ -962,12 +920,9 @@ def _race_program(
         if greedy_t:
             next_token = arg_t.to(tl.int64)
         elif CDF:  # (a greedy target skipped the masses: its branch above is the same scalar test)
-            if CANDIDATES:
-                next_token = _candidate_pick(chunk_mass_ptr, b, chunks * STEPS, seed, offset, CHUNKS_PAD).to(tl.int64)
-            else:
-                next_token = _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks * STEPS, has_draft,
-                                       inverse_t, inverse_d, greedy_d, max_t, sum_t, max_d, sum_d, arg_d, target_scale,
-                                       seed, offset, 4 * ROWS, CHUNKS_PAD, RULE == "block").to(tl.int64)
+            next_token = _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks * STEPS, has_draft,
+                                   inverse_t, inverse_d, greedy_d, max_t, sum_t, max_d, sum_d, arg_d, target_scale,
+                                   seed, offset, 4 * ROWS, CHUNKS_PAD, RULE == "block").to(tl.int64)
             if next_token < 0:  # w = 0 everywhere (p = q to the bit): the target's own draw
                 next_token = _token_of(_target_race(target_row, noise_row, b, vocab, inverse_t, max_t, sum_t, seed,
                                                     offset, ROWS, PRECISE_MATH, FAST))
@@ -1001,7 +956,6 @@ def _logits_race_kernel(
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, TIMELINE: tl.constexpr,
-    CANDIDATES: tl.constexpr,
 ):
     """The race as a launch of its own: program (b, c) is `_race_program`'s."""
     _race_program(
@@ -1011,7 +965,7 @@ def _logits_race_kernel(
         chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b, stride_p_b,
         stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD,
         MASS_PAD, ROWS, STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC, "",
-        TIMELINE, CANDIDATES)
+        TIMELINE)
 
 
 # --- one launch (fused_logits single=True): pass 1 and the race in one grid, sequence by sequence --------------------
@@ -1079,8 +1033,7 @@ def _one_launch_kernel(
             accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr,
             offsets_ptr, chunk_mass_ptr, done_ptr, seed, vocab, 1, chunks, splits, stride_tok_b, stride_p_b,
             stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, 1,
-            ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg", False,
-            False)
+            ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg", False)
         if last:
             tl.store(done_ptr + seq, 0)
 
@@ -1245,13 +1198,26 @@ def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device,
     tiles a program once the rows' tiles exceed one wave. Measured on the H200 (bf16, cold, pass 1 alone):
     b=32, γ=8, V=128256 took 53 µs in 4 splits (1.4 waves of 12 programs per SM), 45 in 16 (5.5 waves);
     b=1, γ=16, V=128256: one tile per program gave 4158 programs, two waves, each paying its fixed costs
-    over one tile's stream, 14.3 µs; four tiles, 7.9 µs."""
+    over one tile's stream, 14.3 µs; four tiles, 7.9 µs. A plan of one to two waves whose rows fit one wave
+    with longer spans takes those instead (no tail wave)."""
     rows = batch * (2 * gamma + 1)
     tile = stats_tile(element_size)  # (the plan leaves its tile None: `_stats_launch` steps the same for the dtype)
     if device.type != "cuda":
         return stats_plan(rows, vocab, 3 * rows, tile)  # the interpreter: a few splits, to exercise the combine
     wave = per_sm * _sms(device)
-    return stats_plan(rows, vocab, STATS_WAVES * wave, tile, STATS_MIN_TILES, wave=wave, max_splits=max_splits)
+    plan = stats_plan(rows, vocab, STATS_WAVES * wave, tile, STATS_MIN_TILES, wave=wave, max_splits=max_splits)
+    # Between one and two waves the second is a tail that pays a whole program's latency for a fraction of the
+    # stream: where longer spans fit every row in one wave, take them (then, below the wave, the padding rule).
+    # H100, pass 1, cold / warm µs: b=32, γ=4, V=32000, fp32, 8 splits (1.45 waves) 15.0 / 10.0, 4 splits 14.8 / 7.7
+    # (the vLLM-style peer's 8192-column blocks had beaten us there by 1%, warm); b=32, γ=8, V=32000, bf16,
+    # 4 splits (1.83 waves) 15.4 / 10.8, 2 splits 14.6 / 10.8. At 2.75 waves (b=32, γ=8, V=32000, fp32) halving
+    # the splits to 1.37 waves cost 0.8 µs: beyond two waves the tail is a small part.
+    tiles = triton.cdiv(vocab, tile)
+    if wave < rows * plan.splits <= 2 * wave:
+        span_tiles = next((n for n in range(plan.span // tile, tiles + 1) if rows * triton.cdiv(tiles, n) <= wave), None)
+        if span_tiles is not None:
+            plan = stats_plan(rows, vocab, STATS_WAVES * wave, tile, span_tiles, wave=wave, max_splits=max_splits)
+    return plan
 
 
 def default_row_plan(rows: int, vocab: int, device: torch.device, tile: int = TILE, min_tiles: int = 1) -> StatsPlan:
@@ -1382,9 +1348,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
     1's partials), "race" (every race program) or "pass1" (the sequence's last row of pass 1, after that
     row's last program combined it); None: `default_scan`. sample (fast mode): how the residual token is
-    drawn, "cdf" (by inversion, `_cdf_pick`; the default), "cdf-chunks" (by inversion, each race program drawing
-    its chunks' own columns and the last arrival picking a chunk, `_candidate_pick`: an experiment, not yet timed)
-    or "race" (the exponential race on Philox noise per column, the draws vllm_v2_style makes); supplied
+    drawn, "cdf" (by inversion, `_cdf_pick`; the default) or "race" (the exponential race on Philox noise per column, the draws vllm_v2_style makes); supplied
     randomness is the race on the supplied noise, as the reference defines it. combine (scan "race", the block rule): pass 1's last program of a row
     combines the row's partials (an arrival atomic per program), or (False) every race program combines
     them; None: `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
@@ -1396,11 +1360,11 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     (docs/perf-notes.md, "Session 17").
     timeline (two launches): a timeline build of pass 1 and the race (`_mark`), whose marks the launch keeps as
     `launch.timeline` = (pass 1's, the race's); a diagnostic (`logits_kernels --timeline`), never timed as the design."""
-    if sample not in (None, "cdf", "race", "cdf-chunks"):
-        raise ValueError(f"sample must be 'cdf', 'race' or 'cdf-chunks', got {sample!r}")
+    if sample not in (None, "cdf", "race"):
+        raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
-        if timeline or sample == "cdf-chunks":
-            raise ValueError("timeline and sample='cdf-chunks' shape the two-launch design: single=True has neither")
+        if timeline:
+            raise ValueError("timeline shapes the two-launch design: single=True has none")
         if rule != "token" or scan is not None or combine is not None or mass_plan is not None:
             raise ValueError("single=True is the token rule with the scan in the race: no scan, combine or mass "
                              "plan to choose")
@@ -1456,7 +1420,6 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                          sample: str | None, combine: bool, timeline: bool = False):
     """fused_logits_launcher with every choice made."""
     cdf = fast and sample != "race"
-    candidates = cdf and sample == "cdf-chunks"
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     partials = allocate_stats(batch, gamma, plan.splits, device)
@@ -1470,9 +1433,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     stop = torch.empty(batch, dtype=torch.int32, device=device)
     stop_stats = torch.empty((batch, 6) if scan == "kernel" else 1, dtype=torch.float32, device=device)
     chunks = race.programs * race.steps  # the stopping row's chunks of 4·rows columns, each one mass (cdf)
-    # (cdf-chunks: a (mass, candidate) pair a chunk)
-    chunk_mass = torch.empty(batch * chunks * (2 if candidates else 1) if cdf else 1, dtype=torch.float32,
-                             device=device)
+    chunk_mass = torch.empty(batch * chunks if cdf else 1, dtype=torch.float32, device=device)
     offsets = philox_offsets(batch, offset, device)  # fast mode advances them on the device, call by call
     pass_one_scan = None
     if scan == "pass1":
@@ -1517,7 +1478,6 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=race.steps, FAST=fast,
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
-                CANDIDATES=candidates,
                 VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), num_warps=race.num_warps)
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)
@@ -1529,7 +1489,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     launch.scratch = (best, arrivals, row_arrivals, sequence_arrivals)  # tests check they are left zeroed
     launch.scan = scan
     launch.combine = combine
-    launch.sample = "cdf-chunks" if candidates else "cdf" if cdf else "race"
+    launch.sample = "cdf" if cdf else "race"
     launch.philox_offsets = offsets
     launch.plans = (plan, race)
     launch.stats_launch, launch.race_launch = stats_launch, race_launch

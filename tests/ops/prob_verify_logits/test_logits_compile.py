@@ -63,15 +63,14 @@ def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec):
 
 
 @pytest.mark.parametrize("rule,scan", [("token", "race"), ("token", "pass1"), ("token", "kernel"), ("block", "race")])
-@pytest.mark.parametrize("fast,cdf,candidates", [(True, True, False), (True, True, True), (True, False, False),
-                                                (False, False, False)])  # candidates: sample "cdf-chunks"
+@pytest.mark.parametrize("fast,cdf", [(True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("steps,vec", [(1, 8), (3, 4)])  # the inversion's lanes: bfloat16, float32
 @pytest.mark.parametrize("timeline", [False, True])  # the diagnostic build (`_mark`)
-def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, candidates, steps, vec, timeline):
+def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec, timeline):
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
                 FAST=fast, RULE=rule, SCANNED=scan != "race", CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
-                STOP_STATS=scan == "kernel", VEC=vec, TIMELINE=timeline, CANDIDATES=candidates)
+                STOP_STATS=scan == "kernel", VEC=vec, TIMELINE=timeline)
     ptx = _compile(kernels._logits_race_kernel, pads).asm["ptx"]
     assert "_logits_race_kernel" in ptx and ("%globaltimer" in ptx) == timeline
 

@@ -340,7 +340,7 @@ def test_torch_eager_fast_mode_is_exact_per_temperature(rounds_mixed):
     assert min(pvalues.values()) > SIGNIFICANCE, pvalues
 
 
-# --- fast mode's inversion with each chunk's column drawn by its race program (sample "cdf-chunks") ----------
+# --- fast mode's inversion (sample "cdf", `_cdf_pick`) over several chunks, under the interpreter ------------
 INTERPRETER_CHUNK_ROUNDS = 800  # ~0.1 s per round interpreted; the GPU test runs 10^5 (test_prob_logits_gpu.py)
 CHUNK_VOCAB, CHUNK_LIVE = 64, 16  # interpreted, a race chunk is 16 columns: four live columns in each of 4 chunks
 
@@ -357,7 +357,7 @@ def chunk_spread_logits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return wide_target, wide_draft, columns
 
 
-def chunk_candidate_draws(rounds: int, sample: str = "cdf-chunks") -> dict[str, list]:
+def chunk_spread_draws(rounds: int) -> dict[str, list]:
     """fused_logits' fast-mode outputs over the spread logits, the tokens mapped back to 0..CHUNK_LIVE-1
     (CHUNK_LIVE for a column that should never be drawn), and the race plan's chunk columns."""
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
@@ -371,7 +371,7 @@ def chunk_candidate_draws(rounds: int, sample: str = "cdf-chunks") -> dict[str, 
     launch = kernels.fused_logits_launcher(
         kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                               w.draft_temperature, w.uniforms, w.exponential_noise), out, fast=True, seed=w.seed,
-        offset=w.offset, sample=sample)
+        offset=w.offset, sample="cdf")
     launch()
     index = torch.full((CHUNK_VOCAB,), CHUNK_LIVE, dtype=torch.int64)
     index[columns] = torch.arange(CHUNK_LIVE)
@@ -385,22 +385,22 @@ def chunk_candidate_draws(rounds: int, sample: str = "cdf-chunks") -> dict[str, 
 INTERPRETER_CHUNKS_CHI2 = """
 import json, sys
 sys.path.insert(0, {here!r})
-from test_logits_exactness import chunk_candidate_draws
-print(json.dumps(chunk_candidate_draws({rounds})))
+from test_logits_exactness import chunk_spread_draws
+print(json.dumps(chunk_spread_draws({rounds})))
 """
 
 
 @pytest.mark.slow
-def test_chunk_candidates_are_exact_under_the_interpreter():
-    """sample "cdf-chunks" (each race program draws its chunk's own column; the last arrival picks a chunk by
-    its mass) emits the token rule's distribution (χ², p-value > 1e-3) where the residual spreads over 4 chunks,
+def test_inversion_over_chunks_is_exact_under_the_interpreter():
+    """Fast mode's inversion (`_cdf_pick`: a chunk by its mass, then a column within the chunk, read again)
+    emits the token rule's distribution (χ², p-value > 1e-3) where the residual spreads over 4 chunks,
     with 3-4 positive columns in each, and never a dead column. Must fail, the first-token check on the same draws
     with each drawn token moved: to the next chunk's column (a chunk-level mistake), or to its neighbour within
-    the chunk (a mistake of the chunk's own draw, the new code)."""
+    the chunk (a mistake of the within-chunk level)."""
     pytest.importorskip("triton")
     script = INTERPRETER_CHUNKS_CHI2.format(here=str(Path(__file__).resolve().parent), rounds=INTERPRETER_CHUNK_ROUNDS)
     report = run_interpreted(script, timeout=900)
-    assert report["sample"] == "cdf-chunks" and report["chunks"] == 4 and report["chunk_columns"] == 16, report
+    assert report["sample"] == "cdf" and report["chunks"] == 4 and report["chunk_columns"] == 16, report
     outputs = {name: torch.tensor(report[name]) for name in ("output_tokens", "accepted_lengths")}
     assert int((outputs["output_tokens"] == CHUNK_LIVE).sum()) == 0
     wide_target, wide_draft, columns = chunk_spread_logits()

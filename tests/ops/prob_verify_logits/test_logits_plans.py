@@ -79,6 +79,28 @@ def test_pass_one_below_a_wave_pads_few_partials(h200):
     assert kernels.default_stats_plan(1, 4, 151936, h200, per_sm=12) == kernels.StatsPlan(5 * kernels.STATS_TILE, 30)
 
 
+@pytest.mark.parametrize("batch,gamma,vocab,element_size,per_sm", [
+    (32, 4, 32000, 4, 12),  # 288 rows × 8 spans of 4 tiles = 1.45 waves of 12 per SM
+    (32, 8, 32000, 2, 9),  # 544 rows × 4 spans of 4 tiles (bf16: 2048 columns) = 1.83 waves of 9 per SM
+])
+def test_pass_one_between_one_and_two_waves_takes_one_wave(h200, batch, gamma, vocab, element_size, per_sm):
+    rows, wave = batch * (2 * gamma + 1), per_sm * 132
+    tile = kernels.stats_tile(element_size)
+    four_tiles = kernels.stats_plan(rows, vocab, kernels.STATS_WAVES * wave, tile, kernels.STATS_MIN_TILES, wave=wave)
+    assert wave < rows * four_tiles.splits <= 2 * wave  # the case the rule is for
+    plan = kernels.default_stats_plan(batch, gamma, vocab, h200, per_sm=per_sm, element_size=element_size)
+    assert rows * plan.splits <= wave and plan.splits < four_tiles.splits
+    assert (plan.splits - 1) * plan.span < vocab <= plan.splits * plan.span  # every column, once
+    # the measured plans (H100): 4 splits of 8192 columns, and 2 of 16384
+    assert plan == (kernels.StatsPlan(8192, 4) if element_size == 4 else kernels.StatsPlan(16384, 2))
+
+
+def test_pass_one_beyond_two_waves_keeps_its_spans(h200):
+    # 544 rows × 8 spans of 4 tiles = 2.75 waves: halving the splits (1.37 waves) measured 0.8 µs slower
+    plan = kernels.default_stats_plan(32, 8, 32000, h200, per_sm=12)
+    assert plan == kernels.StatsPlan(4 * kernels.STATS_TILE, 8)
+
+
 def test_race_chunks_are_capped_on_a_gpu(h200):
     race = kernels.default_race_plan(512, 128256, h200)
     assert 4 * race.rows <= kernels.RACE_CHUNK_MAX
