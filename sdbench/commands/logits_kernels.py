@@ -63,9 +63,7 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
     if step is not None or warps is not None:
         # (planned for STATS_PER_SM_GUESS resident programs per SM: the launcher's re-plan with the compiled
         # kernel's count needs no plan given, and a variant's step compiles to other counts)
-        per_sm = tk.STATS_PER_SM_GUESS
-        plan = tk.stats_plan(rows, vocab, tk.STATS_WAVES * per_sm * sms, tile, tk.STATS_MIN_TILES, wave=per_sm * sms,
-                             max_splits=cap)
+        plan = tk.pass_one_plan(rows, vocab, tile, tk.STATS_PER_SM_GUESS * sms, cap)
         changes["stats_plan_"] = tk.StatsPlan(plan.span, plan.splits, step, warps)
     elif cap != tk.STATS_SPLITS_BELOW_WAVE:
         changes["stats_max_splits"] = cap
@@ -209,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants.split(","):
             try:
                 launches = _launches(variant, w, batch, gamma, vocab, sms, args.timeline)
-            except ValueError as err:  # a variant that does not apply at this point (e.g. timeline with one launch)
+            except ValueError as err:  # a variant that does not apply at this point (e.g. one+scan-kernel: one launch scans in its race)
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {variant}: not run: {err}", flush=True)
                 continue
             calls[variant] = launches[0]

@@ -64,10 +64,13 @@ def test_spans_are_whole_steps_of_the_logits_dtype():
     assert plan_changes("warps8", 1, 4, 32000, 132, element_size=2)["stats_plan_"].span % 2048 == 0
 
 
-def test_a_step_alone_keeps_the_default_waves():
+def test_a_step_alone_keeps_the_default_plan():
     # 4 waves of 12 programs per SM over 544 rows want 12 splits of 16 tiles of 2048 columns, but a span holds
-    # STATS_MIN_TILES (4) once the tiles exceed a wave: 4 splits of 8192
-    assert plan_changes("tile2048", 32, 8, 32000, 132)["stats_plan_"] == tk.StatsPlan(8192, 4, 2048, None)
+    # STATS_MIN_TILES (4) once the tiles exceed a wave: 4 splits of 8192, 1.37 waves; 2 splits fit one wave
+    # (`pass_one_plan`), as the shipped bf16 plan does there
+    assert plan_changes("tile2048", 32, 8, 32000, 132)["stats_plan_"] == tk.StatsPlan(16384, 2, 2048, None)
+    # several waves: the rule leaves the plan alone (63 tiles in 11 spans of 6, 5984 programs)
+    assert plan_changes("tile2048", 32, 8, 128256, 132)["stats_plan_"] == tk.StatsPlan(12288, 11, 2048, None)
 
 
 def test_a_split_cap_reaches_the_launcher_or_the_plan():
@@ -121,6 +124,8 @@ def test_a_timeline_build_mirrors_the_shipped_launch():
 
     with pytest.raises(ValueError, match="mirrors a launch"):
         tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, timeline=True)
+    with pytest.raises(ValueError, match="no scan, combine or mass plan"):  # the tool prints and skips such a variant
+        _launches("one+scan-kernel", w, 3, 2, 300, 132, False)
     with pytest.raises(ValueError, match="single=True has none"):
         tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, single=True, timeline=True)
 

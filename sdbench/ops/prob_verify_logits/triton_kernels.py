@@ -662,24 +662,23 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
 
 
 @triton.jit
-def _cdf_uniform(seed, b, offset, counter):
+def _cdf_uniform(seed, b, offset):
     """A uniform in [0, 1) with 53 bits (two Philox words) of fast mode's inversion stream (STREAM_CDF) for
-    sequence b at its offset and `counter` (`_cdf_pick` uses counter 0 for both of its levels)."""
+    sequence b at its offset (`_cdf_pick` uses it for both of its levels)."""
     zero = tl.zeros([1], tl.uint32)
-    first = (tl.zeros([1], tl.int64) + counter).to(tl.uint32)  # (counter: a Python int or a tensor)
-    r0, r1, _, _ = tl.philox(seed, first, zero + b.to(tl.uint32), zero + offset.to(tl.uint32), zero + STREAM_CDF)
+    r0, r1, _, _ = tl.philox(seed, zero, zero + b.to(tl.uint32), zero + offset.to(tl.uint32), zero + STREAM_CDF)
     return tl.sum((r0.to(tl.float64) + r1.to(tl.float64) * 2.3283064365386963e-10) * 2.3283064365386963e-10, axis=0)
 
 
 @triton.jit
 def _cdf_chunk(mass, index, seed, b, offset):
     """The inversion's first level over float64 chunk masses [CHUNKS_PAD] (0 past the row's chunks): (the chunk
-    whose cumulative mass first exceeds u·M, u = `_cdf_uniform` at counter 0; the cumulative; M; u·M; the last
+    whose cumulative mass first exceeds u·M, u = `_cdf_uniform`; the cumulative; M; u·M; the last
     chunk with mass, -1 when M = 0). The chunk is clamped to [0, last]: with M = 0 a chunk read afterwards must
     still be inside the row (the caller discards it)."""
     cumulative = tl.cumsum(mass, axis=0)
     total = tl.sum(mass, axis=0)
-    threshold = _cdf_uniform(seed, b, offset, 0) * total
+    threshold = _cdf_uniform(seed, b, offset) * total
     last = tl.max(tl.where(mass > 0, index, -1), axis=0)
     chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
     return chunk, cumulative, total, threshold, last
@@ -1204,17 +1203,24 @@ def default_stats_plan(batch: int, gamma: int, vocab: int, device: torch.device,
     tile = stats_tile(element_size)  # (the plan leaves its tile None: `_stats_launch` steps the same for the dtype)
     if device.type != "cuda":
         return stats_plan(rows, vocab, 3 * rows, tile)  # the interpreter: a few splits, to exercise the combine
-    wave = per_sm * _sms(device)
+    return pass_one_plan(rows, vocab, tile, per_sm * _sms(device), max_splits)
+
+
+def pass_one_plan(rows: int, vocab: int, tile: int, wave: int, max_splits: int = STATS_SPLITS_BELOW_WAVE) -> StatsPlan:
+    """`default_stats_plan` on a GPU, for `wave` resident programs at once and a step of `tile` columns (the
+    logits_kernels tool plans its tile and warps variants with it too)."""
     plan = stats_plan(rows, vocab, STATS_WAVES * wave, tile, STATS_MIN_TILES, wave=wave, max_splits=max_splits)
     # Between one and two waves the second is a tail that pays a whole program's latency for a fraction of the
-    # stream: where longer spans fit every row in one wave, take them (then, below the wave, the padding rule).
-    # H100, pass 1, cold / warm µs: b=32, γ=4, V=32000, fp32, 8 splits (1.45 waves) 15.0 / 10.0, 4 splits 14.8 / 7.7
-    # (the vLLM-style peer's 8192-column blocks had beaten us there by 1%, warm); b=32, γ=8, V=32000, bf16,
-    # 4 splits (1.83 waves) 15.4 / 10.8, 2 splits 14.6 / 10.8. At 2.75 waves (b=32, γ=8, V=32000, fp32) halving
-    # the splits to 1.37 waves cost 0.8 µs: beyond two waves the tail is a small part.
+    # stream: where longer spans fit every row in one wave, take them (then, below the wave, the padding rule,
+    # which may take longer spans still: the rule fires at two states of the grid, both measured).
+    # H100, pass 1, cold / warm µs: b=32, γ=4, V=32000, fp32, 8 splits (1.45 waves) 15.0 / 10.0, 4 splits
+    # 14.8 / 7.7 (the vLLM-style peer's 8192-column blocks had beaten us there by 1%, warm); b=32, γ=8,
+    # V=32000, bf16, 4 splits (1.83 waves) 15.4 / 10.8, 2 splits 14.6 / 10.8. At 2.75 waves (b=32, γ=8,
+    # V=32000, fp32) halving the splits to 1.37 waves cost 0.8 µs: beyond two waves the tail is a small part.
     tiles = triton.cdiv(vocab, tile)
     if wave < rows * plan.splits <= 2 * wave:
-        span_tiles = next((n for n in range(plan.span // tile, tiles + 1) if rows * triton.cdiv(tiles, n) <= wave), None)
+        one_wave = (n for n in range(plan.span // tile, tiles + 1) if rows * triton.cdiv(tiles, n) <= wave)
+        span_tiles = next(one_wave, None)
         if span_tiles is not None:
             plan = stats_plan(rows, vocab, STATS_WAVES * wave, tile, span_tiles, wave=wave, max_splits=max_splits)
     return plan
@@ -1348,10 +1354,11 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
     1's partials), "race" (every race program) or "pass1" (the sequence's last row of pass 1, after that
     row's last program combined it); None: `default_scan`. sample (fast mode): how the residual token is
-    drawn, "cdf" (by inversion, `_cdf_pick`; the default) or "race" (the exponential race on Philox noise per column, the draws vllm_v2_style makes); supplied
-    randomness is the race on the supplied noise, as the reference defines it. combine (scan "race", the block rule): pass 1's last program of a row
-    combines the row's partials (an arrival atomic per program), or (False) every race program combines
-    them; None: `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
+    drawn, "cdf" (by inversion, `_cdf_pick`; the default) or "race" (the exponential race on Philox noise per
+    column, the draws vllm_v2_style makes); supplied randomness is the race on the supplied noise, as the
+    reference defines it. combine (scan "race", the block rule): pass 1's last program of a row combines the
+    row's partials (an arrival atomic per program), or (False) every race program combines them; None:
+    `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
     Plans left None are sized on a GPU to the kernels as they compiled (their resident programs per SM);
     stats_max_splits caps pass 1's splits below one wave (`stats_plan`).
     single (token rule): pass 1 and the race in one launch (`_one_launch_kernel`; the scan in every race
