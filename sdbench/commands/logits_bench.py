@@ -28,6 +28,7 @@ from collections.abc import Iterable
 import torch
 
 from sdbench import registry
+from sdbench.commands.logits_summary import bar_us
 from sdbench.measure import environment
 from sdbench.ops.prob_verify_logits.reference import expected_accepted_lengths
 from sdbench.ops.prob_verify_logits.workload import (
@@ -133,7 +134,7 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
             floor_stats = floor_timing[view].stats if view in floor_timing else None
             row[f"{view}_launch_floor_us"] = round(floor_stats.median_us, 2) if floor_stats else ""
             if view in ("gpu", "cpu") and stats:
-                row["vs_floor_plus_3us"] = round(stats.median_us / (1.3 * floor_us + 3.0), 3)
+                row["vs_floor_plus_3us"] = round(stats.median_us / bar_us(floor_us), 3)
         row["launch_floor_reason"] = floor.reason or next(
             (f"{view}: {result.reason}" for view, result in floor_timing.items() if result.stats is None), "")
         rows.append(row)

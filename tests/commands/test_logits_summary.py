@@ -1,0 +1,63 @@
+"""logits_summary: issue #18's bars counted from logits_bench rows, checked against states written by hand."""
+
+import csv
+
+import pytest
+
+from sdbench.commands.logits_summary import bar_us, gamma_table, main, read_rows, summarize
+
+FIELDS = ("design", "batch", "gamma", "vocab", "dtype", "l2", "floor_us", "gpu_us", "reason")
+
+
+def _rows(state, floor, **times):
+    b, gamma, vocab, dtype, l2 = state
+    return [dict(design=name, batch=str(b), gamma=str(gamma), vocab=str(vocab), dtype=dtype, l2=l2,
+                 floor_us=str(floor), gpu_us="" if us is None else str(us), reason="" if us is not None else "OOM")
+            for name, us in times.items()]
+
+
+def _grid():
+    rows = []
+    # a win with a floor under 5 µs: no bar
+    rows += _rows((1, 4, 32000, "bfloat16", "cold"), 0.4, fused_logits=7.0, vllm_v2_style=11.0, softmax_flashinfer=90.0)
+    # a win within the bar (1.3 × 10 + 3 = 16), at the speedup point: 200 / 15 = 13.3×
+    rows += _rows((32, 8, 128256, "float32", "warm"), 10.0, fused_logits=15.0, vllm_v2_style=15.3,
+                  softmax_flashinfer=200.0)
+    # a loss and a miss (1.3 × 6 + 3 = 10.8 < 12)
+    rows += _rows((32, 4, 32000, "bfloat16", "cold"), 6.0, fused_logits=12.0, vllm_v2_style=11.5,
+                  softmax_flashinfer=None)
+    return rows
+
+
+def test_bars_are_counted_per_state():
+    s = summarize(_grid())
+    assert (s.states, s.lowest) == (3, 2)
+    assert s.losses == [((32, 4, 32000, "bfloat16", "cold"), 12.0, "vllm_v2_style", 11.5)]
+    assert s.untimed == [((32, 4, 32000, "bfloat16", "cold"), "softmax_flashinfer")]  # listed, not a win
+    assert (s.within_bar, s.barred) == (1, 2) and s.by_batch == {32: [1, 2]}
+    assert s.misses == [((32, 4, 32000, "bfloat16", "cold"), 12.0, 6.0)]
+    assert s.flashinfer_speedups == pytest.approx([200 / 15])
+    assert s.closest == ((32, 8, 128256, "float32", "warm"), 15.0, "vllm_v2_style", 15.3)  # 2%, not 57%
+    assert sorted(s.peer_ratios) == pytest.approx(sorted([11 / 7, 15.3 / 15, 11.5 / 12]))
+    assert bar_us(10.0) == pytest.approx(16.0)
+
+
+def test_a_later_file_replaces_its_states(tmp_path):
+    grid, rerun = tmp_path / "grid.csv", tmp_path / "rerun.csv"
+    for path, rows in ((grid, _grid()), (rerun, _rows((32, 4, 32000, "bfloat16", "cold"), 6.0, fused_logits=10.5,
+                                                       vllm_v2_style=11.5, softmax_flashinfer=95.0))):
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+    s = summarize(read_rows([str(grid), str(rerun)]))
+    assert (s.lowest, s.losses, s.untimed, s.within_bar) == (3, [], [], 2)  # 10.5 ≤ 10.8: within the bar now
+    assert main([str(grid), str(rerun), "--gamma", "4"]) == 0
+
+
+def test_gamma_table_rows_in_markdown():
+    table = gamma_table(_grid(), 4).splitlines()
+    assert table[0].startswith("| b | V | dtype | L2 | floor | `fused_logits` |") and len(table) == 4
+    # b = 1 before b = 32; a floor under 5 µs has no ratio; a design without a time shows a dash
+    assert table[2] == "| 1 | 32000 | bf16 | cold | 0.40 | **7.00** | 11.0 | — | 90.0 | — | — |"
+    assert table[3] == "| 32 | 32000 | bf16 | cold | 6.00 | **12.0** | 11.5 | — | — | — | 1.11 |"
