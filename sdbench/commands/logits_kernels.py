@@ -135,7 +135,8 @@ def timeline_phases(pass1: torch.Tensor, race: torch.Tensor) -> dict[str, float]
     sampled = r[:, 2] > 0  # programs that read their chunks (a greedy target's skip them)
     last = r[:, 6] > 0
     phases = dict(
-        pass1_span=float(done[-1]), pass1_half=float(done[len(done) // 2]), pass1_p90=float(done[int(0.9 * (len(done) - 1))]),
+        pass1_span=float(done[-1]), pass1_half=float(done[len(done) // 2]),
+        pass1_p90=float(done[int(0.9 * (len(done) - 1))]),
         pass1_entry_spread=float(p[:, 0].max() - start), gap=float(race_start - (p[:, 1].max())),
         race_entry_spread=float(r[:, 0].max() - race_start),
         to_stop=float((r[:, 1] - r[:, 0]).median()),
@@ -187,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="JSON file of the rows")
     parser.add_argument("--timeline", action="store_true", help="also each fused_logits variant's timeline build")
     parser.add_argument("--copy-tbps", type=float, default=None,
-                        help="the copy ceiling the floors are read at (default: a 1 GiB copy measured now, as logits_bench)")
+                        help="the copy ceiling the floors are read at (default: a 1 GiB copy measured now, as "
+                        "logits_bench)")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants.split(","):
             try:
                 launches = _launches(variant, w, batch, gamma, vocab, sms, args.timeline)
-            except ValueError as err:  # a variant that does not apply at this point (e.g. one+scan-kernel: one launch scans in its race)
+            except ValueError as err:  # a variant that does not apply (one+scan-kernel: one launch scans in its race)
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {variant}: not run: {err}", flush=True)
                 continue
             calls[variant] = launches[0]

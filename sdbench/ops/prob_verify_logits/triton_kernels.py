@@ -662,29 +662,6 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
 
 
 @triton.jit
-def _cdf_uniform(seed, b, offset):
-    """A uniform in [0, 1) with 53 bits (two Philox words) of fast mode's inversion stream (STREAM_CDF) for
-    sequence b at its offset (`_cdf_pick` uses it for both of its levels)."""
-    zero = tl.zeros([1], tl.uint32)
-    r0, r1, _, _ = tl.philox(seed, zero, zero + b.to(tl.uint32), zero + offset.to(tl.uint32), zero + STREAM_CDF)
-    return tl.sum((r0.to(tl.float64) + r1.to(tl.float64) * 2.3283064365386963e-10) * 2.3283064365386963e-10, axis=0)
-
-
-@triton.jit
-def _cdf_chunk(mass, index, seed, b, offset):
-    """The inversion's first level over float64 chunk masses [CHUNKS_PAD] (0 past the row's chunks): (the chunk
-    whose cumulative mass first exceeds u·M, u = `_cdf_uniform`; the cumulative; M; u·M; the last
-    chunk with mass, -1 when M = 0). The chunk is clamped to [0, last]: with M = 0 a chunk read afterwards must
-    still be inside the row (the caller discards it)."""
-    cumulative = tl.cumsum(mass, axis=0)
-    total = tl.sum(mass, axis=0)
-    threshold = _cdf_uniform(seed, b, offset) * total
-    last = tl.max(tl.where(mass > 0, index, -1), axis=0)
-    chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
-    return chunk, cumulative, total, threshold, last
-
-
-@triton.jit
 def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft, inverse_t, inverse_d, greedy_d,
               max_t, sum_t, max_d, sum_d, arg_d, target_scale, seed, offset,
               CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr, SCALED: tl.constexpr):
@@ -699,7 +676,15 @@ def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft
     index = tl.arange(0, CHUNKS_PAD)
     mass = tl.load(chunk_mass_ptr + b * chunks + index, mask=index < chunks, other=0.0,
                    cache_modifier=".cg").to(tl.float64)
-    chunk, cumulative, total, threshold, last = _cdf_chunk(mass, index, seed, b, offset)
+    cumulative = tl.cumsum(mass, axis=0)
+    total = tl.sum(mass, axis=0)
+    zero = tl.zeros([1], tl.uint32)
+    r0, r1, _, _ = tl.philox(seed, zero, zero + b.to(tl.uint32), zero + offset.to(tl.uint32), zero + STREAM_CDF)
+    u = tl.sum((r0.to(tl.float64) + r1.to(tl.float64) * 2.3283064365386963e-10) * 2.3283064365386963e-10, axis=0)
+    threshold = u * total
+    last = tl.max(tl.where(mass > 0, index, -1), axis=0)
+    # >= 0: with M = 0 (last = -1) the chunk read below must still be inside the row (the result is unused)
+    chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
     chunk_mass = tl.sum(tl.where(index == chunk, mass, 0.0), axis=0)
     before = tl.sum(tl.where(index == chunk, cumulative, 0.0), axis=0) - chunk_mass
     # >= 0: `before` may round an ulp above the threshold; 0 then takes the chunk's first positive column
@@ -853,24 +838,24 @@ def _race_program(
         # (stats_splits > 1: pass 1 left its partials uncombined, `fused_logits_launcher`'s combine=False)
         row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, stats_splits,
                                                     GAMMA, R_PAD, STATS_PAD, STATS_CACHE)
-        if not SCANNED:  # (after the stats' load: `_draft_token_logits`)
-            tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
-                                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
-                                                                    stride_q_row, GAMMA, GAMMA_PAD)
         if SCANNED:  # token rule, pass 1 ran the scan
             k = tl.load(stop_ptr + b)
             target_scale = 1.0
-        elif RULE == "block":
-            k, bad, stop_weight = _block_scan(
-                tokens, target_logit, draft_logit, uniforms_ptr, mass_ptr, b, vocab, mass_splits, row_max,
-                row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
-                GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, PRECISE_MATH, FAST)
-            target_scale = tl.where(k < GAMMA, stop_weight, 1.0)
-        else:
-            k, bad = _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
-                                  inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
-                                  GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
-            target_scale = 1.0
+        else:  # (the tokens' logits after the stats' load: `_draft_token_logits`)
+            tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
+                                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
+                                                                    stride_q_row, GAMMA, GAMMA_PAD)
+            if RULE == "block":
+                k, bad, stop_weight = _block_scan(
+                    tokens, target_logit, draft_logit, uniforms_ptr, mass_ptr, b, vocab, mass_splits, row_max,
+                    row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
+                    GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, PRECISE_MATH, FAST)
+                target_scale = tl.where(k < GAMMA, stop_weight, 1.0)
+            else:
+                k, bad = _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_max, row_sum,
+                                      row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
+                                      GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+                target_scale = 1.0
         draft_index = tl.minimum(k, GAMMA - 1) + GAMMA + 1
         max_t, sum_t, arg_t, max_d, sum_d, arg_d = _pick_stop_stats(row_max, row_sum, row_arg, k, draft_index, R_PAD)
     _mark(timeline_ptr, mark + 1, sum_t.to(tl.int32, bitcast=True) ^ sum_d.to(tl.int32, bitcast=True) ^ k, TIMELINE)
@@ -1333,12 +1318,14 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
         fast, seed = scan["fast"], scan["seed"]
     args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
             *(combined if combine else stats + (stats[2],)), t.draft_tokens, t.uniforms, *scan_tensors,
-            stats[2] if timeline is None else timeline, seed, vocab, plan.span, plan.splits, t.target_logits.stride(0), t.target_logits.stride(1),
-            t.draft_logits.stride(0), t.draft_logits.stride(1), t.draft_tokens.stride(0), t.uniforms.stride(0))
+            stats[2] if timeline is None else timeline, seed, vocab, plan.span, plan.splits,
+            t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1),
+            t.draft_tokens.stride(0), t.uniforms.stride(0))
     meta = dict(GAMMA=gamma, TILE=tile, COMBINE=combine, SPLITS_PAD=triton.next_power_of_2(plan.splits),
                 SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
-                VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device), TIMELINE=timeline is not None,
+                VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
+                TIMELINE=timeline is not None,
                 num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
@@ -1366,7 +1353,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     maxnreg: a cap on the one kernel's registers a thread (ptxas spills above it). An experiment, not a default
     (docs/perf-notes.md, "Session 17").
     timeline (two launches): a timeline build of pass 1 and the race (`_mark`), whose marks the launch keeps as
-    `launch.timeline` = (pass 1's, the race's); a diagnostic (`logits_kernels --timeline`), never timed as the design."""
+    `launch.timeline` = (pass 1's, the race's); a diagnostic (`logits_kernels --timeline`), never timed as the
+    design."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
@@ -1448,7 +1436,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                              error_flags=outputs["error_flags"], fast=fast, seed=seed)
     marks = None
     if timeline:
-        marks = (torch.zeros(batch * (2 * gamma + 1) * plan.splits * PASS1_MARKS.value, dtype=torch.int64, device=device),
+        pass1_slots = batch * (2 * gamma + 1) * plan.splits * PASS1_MARKS.value
+        marks = (torch.zeros(pass1_slots, dtype=torch.int64, device=device),
                  torch.zeros(batch * race.programs * RACE_MARKS.value, dtype=torch.int64, device=device))
     stats_launch = _stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None,
                                  scan=pass_one_scan, timeline=None if marks is None else marks[0])
