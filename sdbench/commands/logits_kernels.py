@@ -12,11 +12,13 @@ below one wave),
 `r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
 `race` / `cdf` (how fast mode draws the residual token: the exponential race or by inversion), `combine` /
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
-unless a scan is named), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
+unless a scan is named), `pdl` / `nopdl` (the scan kernel and the race launched with programmatic dependent
+launch, or not), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
 `r<ROWS>x<N>`, `lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N
 registers a thread); `default` changes nothing.
-Each (point, variant, L2) prints one line: the kernels' CUPTI durations, each the median over the timed
-calls times its launches per call, fast randomness. The rows are written as JSON (--out).
+Each (point, variant, L2) prints one line: the median call's device time (`total`: the time its kernels cover,
+overlaps counted once) and the kernels' CUPTI durations, each the median over the timed calls times its launches
+per call, fast randomness. The rows are written as JSON (--out).
 
 --timeline: for each fused_logits variant, also a timeline build (`triton_kernels._mark`: the global timer at
 marks in every program of pass 1 and the race, a diagnostic build with its own registers, never the timed
@@ -36,7 +38,7 @@ import statistics
 import torch
 import triton
 
-from sdbench.measure.timing import l2_flush
+from sdbench.measure.timing import busy_us, l2_flush
 from sdbench.ops.prob_verify_logits import triton_kernels as tk
 from sdbench.ops.prob_verify_logits.common import allocate_outputs
 from sdbench.ops.prob_verify_logits.workload import LogitsConfig, logits_read_floor_bytes, make_logits_workload
@@ -76,6 +78,8 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             changes["sample"] = part
         elif part in ("combine", "nocombine"):
             changes["combine"] = part == "combine"
+        elif part in ("pdl", "nopdl"):
+            changes["pdl"] = part == "pdl"
         elif part == "one":
             changes["single"] = True
         elif part.startswith("reg"):
@@ -103,8 +107,10 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
     return changes
 
 
-def per_kernel_us(run, iters: int, flush=None) -> dict[str, float]:
-    """{kernel: median duration × launches per call}, µs, over `iters` calls (each after `flush` if given)."""
+def per_kernel_us(run, iters: int, flush=None) -> tuple[dict[str, float], float]:
+    """({kernel: median duration × launches per call}, the median call's device time), µs, over `iters` calls
+    (each after `flush` if given). A call's device time is the time its kernels cover (`busy_us`): with
+    programmatic dependent launch a kernel starts inside the one before it, and the durations overlap."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -117,12 +123,17 @@ def per_kernel_us(run, iters: int, flush=None) -> dict[str, float]:
             run()
         torch.cuda.synchronize()
     durations = collections.defaultdict(list)
+    spans = []
     for event in prof.profiler.kineto_results.events():
         name = event.name()
         # the L2 flush is torch's (a reduction or a fill); every design's kernels are Triton kernels named _*_kernel
         if event.device_type() != torch.autograd.DeviceType.CPU and name.startswith("_"):
             durations[name.removesuffix("_kernel")].append(event.duration_ns() / 1000.0)
-    return {name: sorted(ts)[len(ts) // 2] * len(ts) / iters for name, ts in durations.items()}
+            spans.append((event.start_ns(), event.start_ns() + event.duration_ns()))
+    spans.sort()
+    per_call = len(spans) // iters  # the calls run one after another: consecutive groups of a call's launches
+    calls = sorted(busy_us(spans[i * per_call:(i + 1) * per_call]) for i in range(iters)) if per_call else [0.0]
+    return {name: sorted(ts)[len(ts) // 2] * len(ts) / iters for name, ts in durations.items()}, calls[len(calls) // 2]
 
 
 def timeline_phases(pass1: torch.Tensor, race: torch.Tensor) -> dict[str, float]:
@@ -217,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 timelines[variant] = launches[1]
         for l2 in args.l2.split(","):
             for variant, run in calls.items():
-                kernels = per_kernel_us(run, args.iters, flushes[l2])
-                total = sum(kernels.values())
+                kernels, total = per_kernel_us(run, args.iters, flushes[l2])
                 plan = getattr(run, "plans", (None,))[0]  # pass 1's (fused_logits)
                 per_sm = getattr(run, "programs_per_sm", None) or (None, None)  # (pass 1, race), as compiled
                 plan = None if plan is None else dict(

@@ -12,8 +12,9 @@ Views (one per way a serving engine pays for the work):
            and the end event, so the pair times the replay alone; the copies (~GRAPH_TARGET_US of work
            per replay) amortise the graph's device-side start. With a cold L2 each replay holds one copy
            (a flush between copies would be timed). Callables that sync the host cannot be captured.
-- `gpu`:   device time only: CUPTI (torch.profiler) kernel, memcpy and memset durations summed per
-           iteration, over a bounded number of iterations (the profiler's post-processing is the cost),
+- `gpu`:   device time only: the time CUPTI's (torch.profiler's) kernel, memcpy and memset records cover
+           per iteration (their durations summed less any overlap: a kernel launched with programmatic
+           dependent launch starts inside the one before it; `busy_us`), over a bounded number of iterations (the profiler's post-processing is the cost),
            after untimed warm-up calls outside the profiler session. Warm L2: an untimed call of the
            same callable right before each timed one, so the L2 holds its own data, not the previous
            callable's. CUPTI can lose every record of one kernel in a session while keeping the others:
@@ -485,7 +486,7 @@ CUPTI_RETRY_PAUSE_S = 0.25
 
 
 def _measure_gpu(callables, device, options, flush) -> dict[str, ViewResult]:
-    """CUPTI device time: each iteration inside a profiler annotation, its device work summed.
+    """CUPTI device time: each iteration inside a profiler annotation, the time its device work covers.
 
     Each callable keeps the samples of the first session in which every kernel it launched has its
     device record; later sessions run only the callables still without one."""
@@ -616,8 +617,25 @@ def lost_kernel_records(kineto_events) -> int:
     return sum(correlation not in recorded for correlation in launches)
 
 
+def busy_us(intervals_ns: Sequence[tuple[int, int]]) -> float:
+    """µs during which at least one of the (start, end) ns intervals runs: their durations summed, less
+    any overlap. Kernels in one stream run one after another, so this is their sum; a kernel launched with
+    programmatic dependent launch starts before the one ahead of it ends and waits inside, and its
+    duration summed would count that overlap twice. Idle gaps between kernels count in neither."""
+    busy, reach = 0, None
+    for start, end in sorted(intervals_ns):
+        if reach is None or start >= reach:
+            busy += end - start
+            reach = end
+        elif end > reach:
+            busy += end - reach
+            reach = end
+    return busy / 1000.0
+
+
 def _device_time_per_annotation(kineto_events) -> DeviceAttribution:
-    """Sum device-event durations (µs) per (callable index, iteration) annotation.
+    """Device time (µs) per (callable index, iteration) annotation: the time its device events cover
+    (`busy_us`: their durations summed where they do not overlap).
 
     A device event is placed by the host time of the CUDA runtime / driver call that launched it
     (`cudaLaunchKernel`, `cuLaunchKernelEx`, `cudaGraphLaunch`…, which share its correlation id).
@@ -656,14 +674,16 @@ def _device_time_per_annotation(kineto_events) -> DeviceAttribution:
         return None if strict_end and host_ns > end_ns else key
 
     attribution = DeviceAttribution(per_iteration={}, device_events=len(device_events))
-    totals = attribution.per_iteration
+    intervals: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for event in device_events:
         launched_ns = launch_start_by_correlation.get(event.correlation_id())
         # Without its launch call, place it by its own start: iterations are serialised by a sync.
         # With it, a launch between iterations (the L2 flush) is part of none.
         key = annotation_of(launched_ns if launched_ns is not None else event.start_ns(), launched_ns is not None)
         if key is not None:
-            totals[key] = totals.get(key, 0.0) + event.duration_ns() / 1000.0
+            start = event.start_ns()
+            intervals.setdefault(key, []).append((start, start + event.duration_ns()))
+    attribution.per_iteration.update({key: busy_us(spans) for key, spans in intervals.items()})
     recorded = {event.correlation_id() for event in device_events}
     for launched_ns, correlation in kernel_launches:
         key = annotation_of(launched_ns, strict_end=True)

@@ -152,6 +152,64 @@ def test_where_the_scan_runs_changes_no_output(randomness):
     assert int(results[0][1]["error_flags"][3]) != 0
 
 
+def test_programmatic_dependent_launch_is_available_on_hopper():
+    """The H100/H200 hosts' Triton takes launch_pdl: fused_logits' default there overlaps its launches."""
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+
+    device = torch.device(DEVICE)
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    assert kernels.pdl_available(device)
+
+
+@pytest.mark.parametrize("rule,scan", [("token", "kernel"), ("token", "race"), ("token", "pass1"), ("block", None)])
+@pytest.mark.parametrize("randomness", ["fast", "supplied"])
+def test_programmatic_dependent_launch_changes_no_output(rule, scan, randomness):
+    """With the scan kernel and the race started early (each waits for the kernel ahead before reading what it
+    wrote), ten calls in a row give what ten calls without it give, call by call (fast mode: each call draws at
+    the offsets the last one advanced), eagerly and replayed in a CUDA graph. A wait placed after a read of pass
+    1's partials would read the previous call's: the calls differ in their draws, so their partials' use would
+    show."""
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    device = torch.device(DEVICE)
+    if not kernels.pdl_available(device):
+        pytest.skip("no programmatic dependent launch here (sm_90+ and a Triton with launch_pdl)")
+    w = make_logits_workload(LogitsConfig(32, 8, vocab_size=128256, seed=13), DEVICE).with_randomness(randomness)
+    w.draft_tokens[5, 3] = 128256  # a bad id: flagged by whichever kernel scans
+    inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                   w.draft_temperature, w.uniforms, w.exponential_noise)
+    fast = randomness == "fast"
+    calls = {}
+    for pdl in (False, True):
+        outputs = allocate_outputs(w)
+        launch = kernels.fused_logits_launcher(inputs, outputs, fast=fast, seed=w.seed, rule=rule, scan=scan, pdl=pdl)
+        assert launch.pdl == pdl
+        calls[pdl] = []
+        for _ in range(10):
+            launch()
+            calls[pdl].append(_snapshot(outputs))
+        if pdl:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                launch()
+            launch.philox_offsets.fill_(w.offset)
+            for i in range(10):
+                parity.poison(outputs)
+                graph.replay()
+                torch.cuda.synchronize()
+                for key, value in calls[False][i].items():
+                    assert torch.equal(outputs[key], value), (i, key)
+    torch.cuda.synchronize()
+    for i, (plain, overlapped) in enumerate(zip(calls[False], calls[True])):
+        for key, value in plain.items():
+            assert torch.equal(overlapped[key], value), (i, key)
+    assert int(calls[True][0]["error_flags"][5]) != 0
+    if fast:  # the calls drew fresh numbers
+        assert any(not torch.equal(calls[True][0]["output_tokens"], later["output_tokens"]) for later in calls[True])
+
+
 def test_plans_fill_waves_of_the_compiled_kernels():
     """On the GPU the launcher sizes pass 1 to about STATS_WAVES waves and the race to one wave of the
     programs per SM the compiled kernels allow (their registers), and says so in its plans."""

@@ -171,6 +171,31 @@ def test_a_kernel_launch_without_its_device_record_is_counted_as_lost():
     assert timing.lost_kernel_records(events) == 2  # the profile command's check: the flush's too
 
 
+@pytest.mark.parametrize("intervals,busy", [
+    ([], 0.0),
+    ([(0, 1_000), (3_000, 4_500)], 2.5),  # one after another, a gap between: the durations summed
+    ([(0, 2_000), (1_500, 4_000)], 4.0),  # the second starts inside the first (programmatic dependent launch)
+    ([(1_500, 4_000), (0, 2_000), (2_500, 3_000)], 4.0),  # in any order, one inside another
+    ([(0, 1_000), (1_000, 2_000)], 2.0),  # touching
+])
+def test_busy_time_counts_overlap_once(intervals, busy):
+    assert timing.busy_us(intervals) == pytest.approx(busy)
+
+
+def test_overlapping_kernels_of_an_iteration_count_once():
+    """A race kernel launched with programmatic dependent launch starts 1 µs before pass 1 ends and waits:
+    the iteration covers 10 µs of device time, not the 11 its durations sum to."""
+    mark = timing._MARK
+    events = [
+        _event(f"{mark}0:0", CPU, 1_000, 500, correlation=1),
+        _event("cuLaunchKernelEx", CPU, 1_100, 10, correlation=11),
+        _event("cuLaunchKernelEx", CPU, 1_200, 10, correlation=12),
+        _event("pass1_kernel", CUDA, 2_000, 8_000, correlation=11),
+        _event("race_kernel", CUDA, 9_000, 3_000, correlation=12),
+    ]
+    assert timing._device_time_per_annotation(events).per_iteration == {(0, 0): 10.0}
+
+
 def test_cupti_teardown_is_scoped_to_the_gpu_view_session(monkeypatch):
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     with timing._cupti_torn_down_after():

@@ -169,6 +169,26 @@ def _sm_id(TIMELINE: tl.constexpr):
         return tl.zeros([], tl.int32)
 
 
+# Programmatic dependent launch (sm_90+; `pdl_available`). A kernel launched with launch_pdl may start its programs
+# before the kernel ahead of it in the stream has finished: once every program of that one has passed
+# `_let_next_kernel_start`. It reads what that kernel writes only after `_wait_for_prior_kernel`, which returns once
+# that kernel has completed and its writes are visible (on a launch without the attribute it returns at once). So
+# the next kernel's launch, its programs' start and its loads of inputs overlap the tail of the one before. Own
+# inline PTX, not side-effect free, so that no Triton version drops the trigger as an unused pure value.
+@triton.jit
+def _let_next_kernel_start(PDL: tl.constexpr):
+    if PDL:
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r,r",
+                                  [tl.zeros([], tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait_for_prior_kernel(PDL: tl.constexpr):
+    if PDL:
+        tl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r,r", [tl.zeros([], tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def _fold_tile(x, m, s, arg, first_cols, scale, greedy, FTZ: tl.constexpr):
     """Fold one tile x [lanes, VEC] into each lane's running max m, Σ2^((x - m)·scale) s and (greedy rows)
@@ -305,9 +325,11 @@ def _row_stats_kernel(
     seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
-    FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr,
+    FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s."""
+    """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s. PDL: the kernel after it
+    (launched with launch_pdl) may start its programs as soon as all of pass 1's have started."""
+    _let_next_kernel_start(PDL)
     _row_stats_program(
         tl.program_id(0), tl.program_id(1), target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr,
         stats_sum_ptr, stats_arg_ptr, row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr, draft_tokens_ptr,
@@ -748,20 +770,24 @@ def _scan_kernel(
     seed, splits, vocab,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
-    PRECISE_MATH: tl.constexpr, FAST: tl.constexpr, FLAGS: tl.constexpr,
+    PRECISE_MATH: tl.constexpr, FAST: tl.constexpr, FLAGS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (B,): combine pass 1's `splits` partials of each of the sequence's 2γ+1 rows, scan to k, and
     write k (stop_ptr, int32 [B]) and row k's normalisers (stop_stats_ptr, float32 [B, 6]: M_t, S_t, M_q,
     S_q, then the target's and the draft's first argmax as int32 bits), so the programs after it load one
     sequence's stop in one L2 round trip. FLAGS: the sequence's bad-id flag too (fused_logits; the peer
     has none). Reads fast mode's Philox offset without advancing it: the launch after it draws from the
-    same offset and advances it (stream order), so both see the same accept uniforms."""
+    same offset and advances it (stream order), so both see the same accept uniforms.
+    PDL (launched with launch_pdl after pass 1): its inputs (the offset, temperatures, tokens and their logits)
+    load while pass 1 finishes, the partials after `_wait_for_prior_kernel`."""
+    _let_next_kernel_start(PDL)
     b = tl.program_id(0).to(tl.int64)
     offset = _philox_offset(offsets_ptr, b, FAST)
     temperature_t, temperature_d = tl.load(target_temp_ptr + b), tl.load(draft_temp_ptr + b)
     tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
                                                             stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
                                                             stride_q_row, GAMMA, GAMMA_PAD)
+    _wait_for_prior_kernel(PDL)
     row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
                                                 GAMMA, R_PAD, SPLITS_PAD, "")
     k, bad = _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
@@ -794,7 +820,7 @@ def _race_program(
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, STATS_CACHE: tl.constexpr,
-    TIMELINE: tl.constexpr,
+    TIMELINE: tl.constexpr, PDL: tl.constexpr,
 ):
     """The race's program (b, c), grid (B, chunks) in `_logits_race_kernel`; returns whether it arrived last.
     It owns STEPS chunks of 4·ROWS columns of the stopping row, columns
@@ -815,7 +841,10 @@ def _race_program(
     (`_block_scan`, every program), and the race over max(0, w_τ·p_τ - q_τ). Constexprs: each path
     compiles only its own code.
     Fast mode draws at the Philox offset offsets_ptr[b] (int64 [B]), which the last arrival advances by one,
-    as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work."""
+    as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work.
+    PDL (`_logits_race_kernel` launched with launch_pdl): the inputs (offset, temperatures and, where the
+    program scans, the tokens and their logits) load before `_wait_for_prior_kernel`, while the kernel ahead
+    finishes; what pass 1, the scan kernel or the mass pass wrote, after it."""
     b = b.to(tl.int64)
     mark = (b * chunks + chunk) * RACE_MARKS
     _mark(timeline_ptr, mark, chunk, TIMELINE)
@@ -825,6 +854,11 @@ def _race_program(
     temperature_d = tl.load(draft_temp_ptr + b)
     greedy_t, greedy_d = temperature_t == 0, temperature_d == 0
     inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
+    if PDL and not (SCANNED or STOP_STATS):  # inputs only: they load while the kernel ahead finishes
+        tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
+                                                                stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
+                                                                stride_q_row, GAMMA, GAMMA_PAD)
+    _wait_for_prior_kernel(PDL)
     if STOP_STATS:  # `_scan_kernel` left k, row k's normalisers and the flag: one L2 round trip, nothing combined
         k = tl.load(stop_ptr + b)
         stop_stats = stop_stats_ptr + b * 6
@@ -841,10 +875,11 @@ def _race_program(
         if SCANNED:  # token rule, pass 1 ran the scan
             k = tl.load(stop_ptr + b)
             target_scale = 1.0
-        else:  # (the tokens' logits after the stats' load: `_draft_token_logits`)
-            tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
-                                                                    stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
-                                                                    stride_q_row, GAMMA, GAMMA_PAD)
+        else:
+            if not PDL:  # (the tokens' logits after the stats' load: `_draft_token_logits`)
+                tokens, target_logit, draft_logit = _draft_token_logits(
+                    draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, stride_tok_b, stride_p_b, stride_p_row,
+                    stride_q_b, stride_q_row, GAMMA, GAMMA_PAD)
             if RULE == "block":
                 k, bad, stop_weight = _block_scan(
                     tokens, target_logit, draft_logit, uniforms_ptr, mass_ptr, b, vocab, mass_splits, row_max,
@@ -940,6 +975,7 @@ def _logits_race_kernel(
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, TIMELINE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The race as a launch of its own: program (b, c) is `_race_program`'s."""
     _race_program(
@@ -949,7 +985,7 @@ def _logits_race_kernel(
         chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b, stride_p_b,
         stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD,
         MASS_PAD, ROWS, STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC, "",
-        TIMELINE)
+        TIMELINE, PDL)
 
 
 # --- one launch (fused_logits single=True): pass 1 and the race in one grid, sequence by sequence --------------------
@@ -1017,7 +1053,8 @@ def _one_launch_kernel(
             accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr,
             offsets_ptr, chunk_mass_ptr, done_ptr, seed, vocab, 1, chunks, splits, stride_tok_b, stride_p_b,
             stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, 1,
-            ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg", False)
+            ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg", False,
+            False)
         if last:
             tl.store(done_ptr + seq, 0)
 
@@ -1284,6 +1321,23 @@ def _precise_math(device: torch.device) -> bool:
     return device.type == "cuda" and not INTERPRETED
 
 
+def pdl_available(device: torch.device) -> bool:
+    """Programmatic dependent launch: an sm_90+ GPU, compiled kernels, and a Triton whose launcher takes
+    launch_pdl (a CUDA compile option since Triton 3.3)."""
+    if device.type != "cuda" or INTERPRETED or torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def _pdl_launch(pdl: bool) -> dict:
+    """The launch option that asks for programmatic dependent launch (left out when off: any Triton takes that)."""
+    return dict(launch_pdl=True) if pdl else {}
+
+
 def _race_vec(element_size: int, race_rows: int, num_warps: int) -> int:
     """The race's inversion lanes: 16 bytes of logits a lane where every thread still gets a lane (chunks of
     4·race_rows columns over num_warps warps; 1024 bf16 columns at 4 warps is one lane a thread)."""
@@ -1298,12 +1352,13 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
 
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,
                   combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None,
-                  timeline: torch.Tensor | None = None):
+                  timeline: torch.Tensor | None = None, pdl: bool = False):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
     each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
     `_scan_in_pass_one`'s tensors: offsets, sequence_arrivals, stop, error_flags; and fast, seed) the
     sequence's last combined row also runs the accept scan (SCAN). With `timeline` (int64, PASS1_MARKS a program,
-    zeroed), a timeline build (`_mark`)."""
+    zeroed), a timeline build (`_mark`). pdl: its programs let a kernel launched with launch_pdl after it start
+    (`_let_next_kernel_start`)."""
     batch, gamma, vocab = t.shape
     combine = combined is not None
     device = t.draft_tokens.device
@@ -1325,7 +1380,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
                 SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
                 VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
-                TIMELINE=timeline is not None,
+                TIMELINE=timeline is not None, PDL=pdl,
                 num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
@@ -1335,7 +1390,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           mass_plan: StatsPlan | None = None, race_plan: RacePlan | None = None,
                           scan: str | None = None, sample: str | None = None, combine: bool | None = None,
                           stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
-                          lag: int | None = None, maxnreg: int | None = None, timeline: bool = False):
+                          lag: int | None = None, maxnreg: int | None = None, timeline: bool = False,
+                          pdl: bool | None = None):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1354,7 +1410,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     (docs/perf-notes.md, "Session 17").
     timeline (two launches): a timeline build of pass 1 and the race (`_mark`), whose marks the launch keeps as
     `launch.timeline` = (pass 1's, the race's); a diagnostic (`logits_kernels --timeline`), never timed as the
-    design."""
+    design.
+    pdl (two launches): the scan kernel and the race launched with programmatic dependent launch, so each one's
+    start and input loads overlap the kernel ahead of it (`_wait_for_prior_kernel`); None: where `pdl_available`."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
@@ -1365,6 +1423,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                              "plan to choose")
         if stats_max_splits != STATS_SPLITS_BELOW_WAVE:
             raise ValueError("stats_max_splits shapes the two-launch pass-1 plan; single=True plans its own")
+        if pdl:
+            raise ValueError("pdl overlaps one launch with the next: single=True has one launch")
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
     if lag is not None or maxnreg is not None:
         raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
@@ -1382,6 +1442,10 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         raise ValueError("stats_max_splits shapes the default pass-1 plan; with stats_plan_ given it would do nothing")
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
+    if pdl is None:  # wherever it is available
+        pdl = pdl_available(device)
+    elif pdl and not pdl_available(device):
+        raise ValueError("pdl needs an sm_90+ GPU, compiled kernels (not the interpreter) and a Triton with launch_pdl")
     element_size = t.target_logits.element_size()
     plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device, element_size=element_size,
                                              max_splits=stats_max_splits)
@@ -1393,7 +1457,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                  combine, timeline)
+                                  combine, timeline, pdl)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
@@ -1404,7 +1468,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm)
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                          combine, timeline)
+                                          combine, timeline, pdl)
         # (from the kernels compiled with the first plans: the race's registers can move a little with its steps)
         launch.programs_per_sm = (stats_per_sm, race_per_sm)
     return launch
@@ -1412,7 +1476,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 
 def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
-                         sample: str | None, combine: bool, timeline: bool = False):
+                         sample: str | None, combine: bool, timeline: bool = False, pdl: bool = False):
     """fused_logits_launcher with every choice made."""
     cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
@@ -1440,7 +1504,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
         marks = (torch.zeros(pass1_slots, dtype=torch.int64, device=device),
                  torch.zeros(batch * race.programs * RACE_MARKS.value, dtype=torch.int64, device=device))
     stats_launch = _stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None,
-                                 scan=pass_one_scan, timeline=None if marks is None else marks[0])
+                                 scan=pass_one_scan, timeline=None if marks is None else marks[0], pdl=pdl)
     launches = [stats_launch]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))
@@ -1449,8 +1513,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                      t.uniforms, *partials, stop, stop_stats, offsets, outputs["error_flags"], seed, plan.splits,
                      vocab, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
                      t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
-        scan_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(plan.splits), FAST=fast, FLAGS=True,
-                         num_warps=4)
+        scan_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(plan.splits), FAST=fast, FLAGS=True, PDL=pdl,
+                         num_warps=4, **_pdl_launch(pdl))
         launches.append(BoundLaunch(_scan_kernel, (batch,), scan_args, scan_meta, device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
     mass_plan = mass_plan or (default_row_plan(mass_rows, vocab, device) if mass_rows else StatsPlan(span=vocab, splits=1))
@@ -1474,7 +1538,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=race.steps, FAST=fast,
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
-                VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), num_warps=race.num_warps)
+                VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), PDL=pdl,
+                num_warps=race.num_warps, **_pdl_launch(pdl))
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)
 
@@ -1491,6 +1556,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     launch.stats_launch, launch.race_launch = stats_launch, race_launch
     launch.timeline = marks
     launch.programs_per_sm = None  # set by fused_logits_launcher where it sized the plans to compiled kernels
+    launch.pdl = pdl
     return launch
 
 
@@ -1590,7 +1656,7 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
                  t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
     scan_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                      SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=precise, FAST=fast, FLAGS=False,
-                     num_warps=4)
+                     PDL=False, num_warps=4)
     rows = min(block // 4, RESAMPLE_ROWS)
     resample_args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.exponential_noise,
                      stop, stop_stats, block_best, offsets, seed, vocab, plan.splits,

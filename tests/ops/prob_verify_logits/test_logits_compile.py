@@ -54,33 +54,40 @@ def _kernels():
                                                    (False, False, True)])  # timeline: the diagnostic build (`_mark`)
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("vec", [4, 8])  # float32 and bfloat16 logits: 16 bytes a lane
-def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec):
+@pytest.mark.parametrize("pdl", [True, False])  # programmatic dependent launch: pass 1 lets the next kernel start
+def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, pdl):
     kernels = _kernels()
     constexprs = {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4, "SCAN": scan, "GAMMA_PAD": 8,
-                  "R_PAD": 32, "PRECISE_MATH": True, "FAST": fast, "VEC": vec, "FTZ_EXP2": True, "TIMELINE": timeline}
+                  "R_PAD": 32, "PRECISE_MATH": True, "FAST": fast, "VEC": vec, "FTZ_EXP2": True, "TIMELINE": timeline,
+                  "PDL": pdl}
     ptx = _compile(kernels._row_stats_kernel, constexprs).asm["ptx"]
     assert "_row_stats_kernel" in ptx and ("%globaltimer" in ptx) == timeline
+    assert ("griddepcontrol.launch_dependents" in ptx) == pdl and "griddepcontrol.wait" not in ptx
 
 
 @pytest.mark.parametrize("rule,scan", [("token", "race"), ("token", "pass1"), ("token", "kernel"), ("block", "race")])
 @pytest.mark.parametrize("fast,cdf", [(True, True), (True, False), (False, False)])
 @pytest.mark.parametrize("steps,vec", [(1, 8), (3, 4)])  # the inversion's lanes: bfloat16, float32
 @pytest.mark.parametrize("timeline", [False, True])  # the diagnostic build (`_mark`)
-def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec, timeline):
+@pytest.mark.parametrize("pdl", [True, False])  # launched with launch_pdl: it waits for the kernel ahead
+def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec, timeline, pdl):
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
                 FAST=fast, RULE=rule, SCANNED=scan != "race", CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
-                STOP_STATS=scan == "kernel", VEC=vec, TIMELINE=timeline)
+                STOP_STATS=scan == "kernel", VEC=vec, TIMELINE=timeline, PDL=pdl)
     ptx = _compile(kernels._logits_race_kernel, pads).asm["ptx"]
     assert "_logits_race_kernel" in ptx and ("%globaltimer" in ptx) == timeline
+    assert ("griddepcontrol.wait" in ptx) == pdl and "griddepcontrol.launch_dependents" not in ptx
 
 
 @pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize("flags", [True, False])  # fused_logits writes the bad-id flag; the peer has none
-def test_scan_kernel_compiles_for_sm90(fast, flags):
+@pytest.mark.parametrize("flags,pdl", [(True, True), (True, False), (False, False)])  # the peer: no flag, no PDL
+def test_scan_kernel_compiles_for_sm90(fast, flags, pdl):
     kernels = _kernels()
-    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, SPLITS_PAD=16, PRECISE_MATH=True, FAST=fast, FLAGS=flags)
-    assert "_scan_kernel" in _compile(kernels._scan_kernel, pads).asm["ptx"]
+    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, SPLITS_PAD=16, PRECISE_MATH=True, FAST=fast, FLAGS=flags, PDL=pdl)
+    ptx = _compile(kernels._scan_kernel, pads).asm["ptx"]
+    assert "_scan_kernel" in ptx
+    assert ("griddepcontrol.wait" in ptx) == pdl and ("griddepcontrol.launch_dependents" in ptx) == pdl
 
 
 def test_block_mass_kernel_compiles_for_sm90():

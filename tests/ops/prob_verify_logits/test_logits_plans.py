@@ -161,3 +161,18 @@ def test_a_split_cap_needs_the_default_plan():
     t = _logits_tensors(torch.float32)
     with pytest.raises(ValueError, match="stats_max_splits"):
         kernels.fused_logits_launcher(t, {}, fast=True, stats_plan_=kernels.StatsPlan(4096, 2), stats_max_splits=16)
+
+
+def test_programmatic_dependent_launch_needs_a_hopper_gpu_and_compiled_kernels():
+    """Off on a CPU device (and under the interpreter): the default leaves it off and asking for it is refused,
+    not silently dropped. On sm_90 with compiled kernels it is the default (its GPU test times nothing)."""
+    assert not kernels.pdl_available(torch.device("cpu"))
+    t = _logits_tensors(torch.float32)
+    with pytest.raises(ValueError, match="pdl needs"):
+        kernels.fused_logits_launcher(t, {}, fast=True, pdl=True)
+    with pytest.raises(ValueError, match="single=True has one launch"):
+        kernels.fused_logits_launcher(t, {}, fast=True, single=True, pdl=True)
+
+
+def test_the_launch_option_is_asked_for_only_when_on():
+    assert kernels._pdl_launch(True) == {"launch_pdl": True} and kernels._pdl_launch(False) == {}
