@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=15)
     parser.add_argument("--out", default=None, help="JSON file of the rows")
     parser.add_argument("--timeline", action="store_true", help="also each fused_logits variant's timeline build")
+    parser.add_argument("--graph", action="store_true", help="also the graph view of every variant, timed together "
+                        "(sdbench.measure.timing: copies of a call per CUDA-graph replay; what an engine in a graph pays)")
     parser.add_argument("--copy-tbps", type=float, default=None,
                         help="the copy ceiling the floors are read at (default: a 1 GiB copy measured now, as "
                         "logits_bench)")
@@ -245,6 +247,21 @@ def main(argv: list[str] | None = None) -> int:
                                      timeline=phases))
                     print(f"{'':4s} timeline {variant}: " + " ".join(f"{k}={v:.2f}" for k, v in phases.items()),
                           flush=True)
+        if args.graph:
+            from sdbench.measure.timing import TimingOptions, measure
+
+            for l2 in args.l2.split(","):
+                if l2 == "dirty":
+                    continue
+                timed = measure(calls, device, TimingOptions(warmup=5, iters=30, cold_l2=l2 == "cold", views=("graph",)))
+                for variant, views in timed.items():
+                    stats = views["graph"].stats
+                    median = None if stats is None else stats.median_us
+                    rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant,
+                                     graph=median, floor=floor_us, reason=views["graph"].reason))
+                    shown = "—" if median is None else f"{median:8.1f}"
+                    print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "
+                          f"graph {shown}", flush=True)
         del calls, timelines, w
         torch.cuda.empty_cache()
     if args.out:
