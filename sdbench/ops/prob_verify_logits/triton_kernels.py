@@ -27,6 +27,9 @@ float32 rounding, see reference.py):
      inversion (`_cdf_pick`), or (supplied randomness) folds its best race key w/E into best[b] with a
      64-bit atomic max; the last arrival writes the outputs (greedy targets skip the row: next = argmax
      of row k).
+  On sm_90+ (`pdl_available`) the scan kernel and the race launch with programmatic dependent launch: each
+  starts its programs and loads its inputs while the kernel ahead finishes, and waits for it
+  (`_wait_for_prior_kernel`) before reading what it wrote (docs/perf-notes.md, "Session 23").
 - fused_logits with rule="block" (Sun et al., reference.block_stop; 3 launches, 2 when γ = 1). The
   dependency: h_i needs r_i = Σ_x max(0, w_i·p_i(x) - q_i(x)) at every i < γ, a sum over whole rows
   that needs the normalisers (pass 1) and w_i (the ratios at the draft tokens, 2γ gathered logits), and
