@@ -13,7 +13,8 @@ below one wave),
 `race` / `cdf` (how fast mode draws the residual token: the exponential race or by inversion), `combine` /
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
 unless a scan is named), `pdl` / `nopdl` (the scan kernel and the race launched with programmatic dependent
-launch, or not), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
+launch, or not), `tokens-first` / `tokens-last` (a race that scans loads the draft tokens' logits before or after
+the rows' stats), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
 `r<ROWS>x<N>`, `lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N
 registers a thread); `default` changes nothing.
 Each (point, variant, L2) prints one line: the median call's device time (`total`: the time its kernels cover,
@@ -80,6 +81,8 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             changes["combine"] = part == "combine"
         elif part in ("pdl", "nopdl"):
             changes["pdl"] = part == "pdl"
+        elif part in ("tokens-first", "tokens-last"):
+            changes["tokens_first"] = part == "tokens-first"
         elif part == "one":
             changes["single"] = True
         elif part.startswith("reg"):
@@ -199,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="JSON file of the rows")
     parser.add_argument("--timeline", action="store_true", help="also each fused_logits variant's timeline build")
     parser.add_argument("--graph", action="store_true", help="also the graph view of every variant, timed together "
-                        "(sdbench.measure.timing: copies of a call per CUDA-graph replay; what an engine in a graph pays)")
+                        "(sdbench.measure.timing: copies of a call per CUDA-graph replay; what an engine in a graph "
+                        "pays)")
     parser.add_argument("--copy-tbps", type=float, default=None,
                         help="the copy ceiling the floors are read at (default: a 1 GiB copy measured now, as "
                         "logits_bench)")
@@ -253,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             for l2 in args.l2.split(","):
                 if l2 == "dirty":
                     continue
-                timed = measure(calls, device, TimingOptions(warmup=5, iters=30, cold_l2=l2 == "cold", views=("graph",)))
+                options = TimingOptions(warmup=5, iters=30, cold_l2=l2 == "cold", views=("graph",))
+                timed = measure(calls, device, options)
                 for variant, views in timed.items():
                     stats = views["graph"].stats
                     median = None if stats is None else stats.median_us

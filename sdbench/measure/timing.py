@@ -14,7 +14,8 @@ Views (one per way a serving engine pays for the work):
            (a flush between copies would be timed). Callables that sync the host cannot be captured.
 - `gpu`:   device time only: the time CUPTI's (torch.profiler's) kernel, memcpy and memset records cover
            per iteration (their durations summed less any overlap: a kernel launched with programmatic
-           dependent launch starts inside the one before it; `busy_us`), over a bounded number of iterations (the profiler's post-processing is the cost),
+           dependent launch starts inside the one before it; `busy_us`), over a bounded number of
+           iterations (the profiler's post-processing is the cost),
            after untimed warm-up calls outside the profiler session. Warm L2: an untimed call of the
            same callable right before each timed one, so the L2 holds its own data, not the previous
            callable's. CUPTI can lose every record of one kernel in a session while keeping the others:

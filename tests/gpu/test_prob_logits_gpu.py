@@ -166,10 +166,10 @@ def test_programmatic_dependent_launch_is_available_on_hopper():
 @pytest.mark.parametrize("randomness", ["fast", "supplied"])
 def test_programmatic_dependent_launch_changes_no_output(rule, scan, randomness):
     """With the scan kernel and the race started early (each waits for the kernel ahead before reading what it
-    wrote), ten calls in a row give what ten calls without it give, call by call (fast mode: each call draws at
-    the offsets the last one advanced), eagerly and replayed in a CUDA graph. A wait placed after a read of pass
-    1's partials would read the previous call's: the calls differ in their draws, so their partials' use would
-    show."""
+    wrote), in either load order of a race that scans, ten calls in a row give what ten calls without it give, call
+    by call (fast mode: each call draws at the offsets the last one advanced), eagerly and replayed in a CUDA graph.
+    A wait placed after a read of pass 1's partials would read the previous call's: the calls differ in their
+    draws, so their partials' use would show."""
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
@@ -182,14 +182,16 @@ def test_programmatic_dependent_launch_changes_no_output(rule, scan, randomness)
                                    w.draft_temperature, w.uniforms, w.exponential_noise)
     fast = randomness == "fast"
     calls = {}
-    for pdl in (False, True):
+    for pdl, tokens_first in ((False, None), (True, None), (True, False)):  # (the race's load order: its default)
         outputs = allocate_outputs(w)
-        launch = kernels.fused_logits_launcher(inputs, outputs, fast=fast, seed=w.seed, rule=rule, scan=scan, pdl=pdl)
-        assert launch.pdl == pdl
-        calls[pdl] = []
+        launch = kernels.fused_logits_launcher(inputs, outputs, fast=fast, seed=w.seed, rule=rule, scan=scan, pdl=pdl,
+                                               tokens_first=tokens_first)
+        assert launch.pdl == pdl and launch.tokens_first == (pdl if tokens_first is None else tokens_first)
+        key = (pdl, tokens_first)
+        calls[key] = []
         for _ in range(10):
             launch()
-            calls[pdl].append(_snapshot(outputs))
+            calls[key].append(_snapshot(outputs))
         if pdl:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
@@ -199,15 +201,17 @@ def test_programmatic_dependent_launch_changes_no_output(rule, scan, randomness)
                 parity.poison(outputs)
                 graph.replay()
                 torch.cuda.synchronize()
-                for key, value in calls[False][i].items():
-                    assert torch.equal(outputs[key], value), (i, key)
+                for name, value in calls[(False, None)][i].items():
+                    assert torch.equal(outputs[name], value), (key, i, name)
     torch.cuda.synchronize()
-    for i, (plain, overlapped) in enumerate(zip(calls[False], calls[True])):
-        for key, value in plain.items():
-            assert torch.equal(overlapped[key], value), (i, key)
-    assert int(calls[True][0]["error_flags"][5]) != 0
+    plain = calls.pop((False, None))
+    for key, overlapped in calls.items():
+        for i, (want, got) in enumerate(zip(plain, overlapped)):
+            for name, value in want.items():
+                assert torch.equal(got[name], value), (key, i, name)
+    assert int(plain[0]["error_flags"][5]) != 0
     if fast:  # the calls drew fresh numbers
-        assert any(not torch.equal(calls[True][0]["output_tokens"], later["output_tokens"]) for later in calls[True])
+        assert any(not torch.equal(plain[0]["output_tokens"], later["output_tokens"]) for later in plain)
 
 
 def test_plans_fill_waves_of_the_compiled_kernels():

@@ -823,7 +823,7 @@ def _race_program(
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, STATS_CACHE: tl.constexpr,
-    TIMELINE: tl.constexpr, PDL: tl.constexpr,
+    TIMELINE: tl.constexpr, PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr,
 ):
     """The race's program (b, c), grid (B, chunks) in `_logits_race_kernel`; returns whether it arrived last.
     It owns STEPS chunks of 4·ROWS columns of the stopping row, columns
@@ -845,9 +845,10 @@ def _race_program(
     compiles only its own code.
     Fast mode draws at the Philox offset offsets_ptr[b] (int64 [B]), which the last arrival advances by one,
     as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work.
-    PDL (`_logits_race_kernel` launched with launch_pdl): the inputs (offset, temperatures and, where the
-    program scans, the tokens and their logits) load before `_wait_for_prior_kernel`, while the kernel ahead
-    finishes; what pass 1, the scan kernel or the mass pass wrote, after it."""
+    PDL (`_logits_race_kernel` launched with launch_pdl): the inputs (offset, temperatures) load before
+    `_wait_for_prior_kernel`, while the kernel ahead finishes; what pass 1, the scan kernel or the mass pass wrote,
+    after it. TOKENS_FIRST (a program that scans): the draft tokens and their 2γ logits load before the rows'
+    stats (and, with PDL, before the wait), or after them (the order measured faster without PDL at b = 1)."""
     b = b.to(tl.int64)
     mark = (b * chunks + chunk) * RACE_MARKS
     _mark(timeline_ptr, mark, chunk, TIMELINE)
@@ -857,7 +858,7 @@ def _race_program(
     temperature_d = tl.load(draft_temp_ptr + b)
     greedy_t, greedy_d = temperature_t == 0, temperature_d == 0
     inverse_t, inverse_d = _inverse_temperature(temperature_t), _inverse_temperature(temperature_d)
-    if PDL and not (SCANNED or STOP_STATS):  # inputs only: they load while the kernel ahead finishes
+    if TOKENS_FIRST and not (SCANNED or STOP_STATS):  # inputs only: with PDL they load while the kernel ahead ends
         tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
                                                                 stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
                                                                 stride_q_row, GAMMA, GAMMA_PAD)
@@ -879,7 +880,7 @@ def _race_program(
             k = tl.load(stop_ptr + b)
             target_scale = 1.0
         else:
-            if not PDL:  # (the tokens' logits after the stats' load: `_draft_token_logits`)
+            if not TOKENS_FIRST:  # (the tokens' logits after the stats' load: `_draft_token_logits`)
                 tokens, target_logit, draft_logit = _draft_token_logits(
                     draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, stride_tok_b, stride_p_b, stride_p_row,
                     stride_q_b, stride_q_row, GAMMA, GAMMA_PAD)
@@ -978,7 +979,7 @@ def _logits_race_kernel(
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, TIMELINE: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr,
 ):
     """The race as a launch of its own: program (b, c) is `_race_program`'s."""
     _race_program(
@@ -988,7 +989,7 @@ def _logits_race_kernel(
         chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b, stride_p_b,
         stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD,
         MASS_PAD, ROWS, STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC, "",
-        TIMELINE, PDL)
+        TIMELINE, PDL, TOKENS_FIRST)
 
 
 # --- one launch (fused_logits single=True): pass 1 and the race in one grid, sequence by sequence --------------------
@@ -1057,7 +1058,7 @@ def _one_launch_kernel(
             offsets_ptr, chunk_mass_ptr, done_ptr, seed, vocab, 1, chunks, splits, stride_tok_b, stride_p_b,
             stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, 1,
             ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg", False,
-            False)
+            False, False)
         if last:
             tl.store(done_ptr + seq, 0)
 
@@ -1394,7 +1395,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           scan: str | None = None, sample: str | None = None, combine: bool | None = None,
                           stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
                           lag: int | None = None, maxnreg: int | None = None, timeline: bool = False,
-                          pdl: bool | None = None):
+                          pdl: bool | None = None, tokens_first: bool | None = None):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1415,7 +1416,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     `launch.timeline` = (pass 1's, the race's); a diagnostic (`logits_kernels --timeline`), never timed as the
     design.
     pdl (two launches): the scan kernel and the race launched with programmatic dependent launch, so each one's
-    start and input loads overlap the kernel ahead of it (`_wait_for_prior_kernel`); None: where `pdl_available`."""
+    start and input loads overlap the kernel ahead of it (`_wait_for_prior_kernel`); None: where `pdl_available`.
+    tokens_first (a race that scans: scan "race", the block rule): its programs load the draft tokens and their
+    logits before the rows' stats (with PDL, during the wait); None: with PDL (docs/perf-notes.md, "Session 23")."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
@@ -1428,6 +1431,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             raise ValueError("stats_max_splits shapes the two-launch pass-1 plan; single=True plans its own")
         if pdl:
             raise ValueError("pdl overlaps one launch with the next: single=True has one launch")
+        if tokens_first is not None:
+            raise ValueError("tokens_first orders the two-launch race's loads: single=True has its own")
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
     if lag is not None or maxnreg is not None:
         raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
@@ -1459,8 +1464,10 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         scan = "race" if combine else default_scan(batch, race, device)
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
+    if tokens_first is None:
+        tokens_first = pdl
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                  combine, timeline, pdl)
+                                  combine, timeline, pdl, tokens_first)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
@@ -1471,7 +1478,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm)
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                          combine, timeline, pdl)
+                                          combine, timeline, pdl, tokens_first)
         # (from the kernels compiled with the first plans: the race's registers can move a little with its steps)
         launch.programs_per_sm = (stats_per_sm, race_per_sm)
     return launch
@@ -1479,7 +1486,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 
 def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
-                         sample: str | None, combine: bool, timeline: bool = False, pdl: bool = False):
+                         sample: str | None, combine: bool, timeline: bool = False, pdl: bool = False,
+                         tokens_first: bool = False):
     """fused_logits_launcher with every choice made."""
     cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
@@ -1542,7 +1550,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
                 VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), PDL=pdl,
-                num_warps=race.num_warps, **_pdl_launch(pdl))
+                TOKENS_FIRST=tokens_first, num_warps=race.num_warps, **_pdl_launch(pdl))
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)
 
@@ -1559,7 +1567,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     launch.stats_launch, launch.race_launch = stats_launch, race_launch
     launch.timeline = marks
     launch.programs_per_sm = None  # set by fused_logits_launcher where it sized the plans to compiled kernels
-    launch.pdl = pdl
+    launch.pdl, launch.tokens_first = pdl, tokens_first
     return launch
 
 

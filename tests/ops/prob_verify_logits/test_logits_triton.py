@@ -201,9 +201,10 @@ def _run_cases() -> dict[str, str | None]:
         return None if not failures else f"stats plan violated: {failures}"
 
     def any_split():
-        """Pass 1's split of each row, where the accept scan runs (pass 1, its own kernel or every race program)
-        and who combines a row's partials (pass 1, the scan kernel or every race program) change the partials,
-        never the outputs (supplied randomness); every scan equals the reference and flags the bad id."""
+        """Pass 1's split of each row, where the accept scan runs (pass 1, its own kernel or every race program),
+        who combines a row's partials (pass 1, the scan kernel or every race program) and, where the race scans,
+        the order of its loads (tokens_first) change the partials, never the outputs (supplied randomness); every
+        scan equals the reference and flags the bad id."""
         w = make_logits_workload(LogitsConfig(3, 2, vocab_size=300, seed=9))
         w.draft_tokens[1, 1] = 300  # a bad id: its flag comes from whichever kernel scans
         inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
@@ -212,15 +213,16 @@ def _run_cases() -> dict[str, str | None]:
                                             w.draft_temperature, w.uniforms, w.exponential_noise)
         failures = []
         for span in (64, 128, 320):
-            for scan, combine in (("race", True), ("pass1", True), ("race", False), ("kernel", None)):
+            for scan, combine, tokens_first in (("race", True, False), ("race", True, True), ("pass1", True, None),
+                                                ("race", False, False), ("race", False, True), ("kernel", None, None)):
                 outputs = allocate_outputs(w)
                 plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
                 kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan, scan=scan,
-                                              combine=combine)()
+                                              combine=combine, tokens_first=tokens_first)()
                 if not (torch.equal(outputs["output_tokens"], want["output_tokens"])
                         and torch.equal(outputs["accepted_lengths"], want["accepted_lengths"])
                         and outputs["error_flags"].tolist() == [0, TOKEN_OUT_OF_RANGE, 0]):
-                    failures.append(f"span {span} scan {scan} combine {combine}: "
+                    failures.append(f"span {span} scan {scan} combine {combine} tokens first {tokens_first}: "
                                     f"{outputs['output_tokens'].tolist()} "
                                     f"flags {outputs['error_flags'].tolist()} != {want['output_tokens'].tolist()}")
         return "; ".join(failures) or None
@@ -425,13 +427,15 @@ def _run_block_cases(record, snapshot) -> None:
 
     def any_split():
         """The split of either stream (and pass 1's step) changes the partials (and r_i's summation order), not the
-        tokens."""
+        tokens; nor does the order of the race's loads (tokens_first)."""
         w = make_logits_workload(LogitsConfig(2, 3, vocab_size=200, rule="block", seed=22))
         seen = []
-        for span, mass_span, combine, step in ((64, 64, True, None), (128, 200, True, None), (200, 128, True, None),
-                                               (64, 128, False, None), (128, 64, True, 2 * kernels.STATS_TILE)):
+        for span, mass_span, combine, step, first in ((64, 64, True, None, False), (128, 200, True, None, True),
+                                                      (200, 128, True, None, False), (64, 128, False, None, True),
+                                                      (128, 64, True, 2 * kernels.STATS_TILE, False)):
             outputs = allocate_outputs(w)
             kernels.fused_logits_launcher(inputs(w), outputs, fast=False, rule="block", combine=combine,
+                                          tokens_first=first,
                                           stats_plan_=kernels.StatsPlan(span, -(-200 // span), step),
                                           mass_plan=kernels.StatsPlan(span=mass_span, splits=-(-200 // mass_span)))()
             seen.append(outputs["output_tokens"].clone())
