@@ -23,7 +23,8 @@ per call, fast randomness. The rows are written as JSON (--out).
 
 --timeline: for each fused_logits variant, also a timeline build (`triton_kernels._mark`: the global timer at
 marks in every program of pass 1 and the race, a diagnostic build with its own registers, never the timed
-design), run --iters times; a line per (point, variant, L2) of µs medians over the calls: pass 1's span (first
+design; without programmatic dependent launch unless the variant names `pdl`, whose race would enter inside pass
+1 and wait there), run --iters times; a line per (point, variant, L2) of µs medians over the calls: pass 1's span (first
 entry to last partial), when half and 90% of its programs were done, the gap to the race's first entry, and the
 race's phases (the median program's: entry to row k's normalisers, its chunks, its arrival; the last arrival's
 draw and the race's span, first entry to last outputs' values).
@@ -133,10 +134,20 @@ def per_kernel_us(run, iters: int, flush=None) -> tuple[dict[str, float], float]
         if event.device_type() != torch.autograd.DeviceType.CPU and name.startswith("_"):
             durations[name.removesuffix("_kernel")].append(event.duration_ns() / 1000.0)
             spans.append((event.start_ns(), event.start_ns() + event.duration_ns()))
-    spans.sort()
-    per_call = len(spans) // iters  # the calls run one after another: consecutive groups of a call's launches
-    calls = sorted(busy_us(spans[i * per_call:(i + 1) * per_call]) for i in range(iters)) if per_call else [0.0]
+    calls = sorted(per_call_busy_us(spans, iters))
     return {name: sorted(ts)[len(ts) // 2] * len(ts) / iters for name, ts in durations.items()}, calls[len(calls) // 2]
+
+
+def per_call_busy_us(spans: list[tuple[int, int]], calls: int) -> list[float]:
+    """Each call's device time (`busy_us`) from the (start, end) ns of every kernel of `calls` calls made one after
+    another. A call's kernels may overlap each other (programmatic dependent launch), never the next call's, whose
+    first kernel is a plain launch: sorted by start, each call is a run of len(spans) / calls. A record CUPTI lost
+    would shift every later call's run, so a count that does not divide is an error, not a number."""
+    if not spans or len(spans) % calls:
+        raise RuntimeError(f"{len(spans)} kernel records for {calls} calls: CUPTI lost or added some")
+    spans = sorted(spans)
+    per_call = len(spans) // calls
+    return [busy_us(spans[i * per_call:(i + 1) * per_call]) for i in range(calls)]
 
 
 def timeline_phases(pass1: torch.Tensor, race: torch.Tensor) -> dict[str, float]:
@@ -188,6 +199,9 @@ def _launches(variant: str, w, batch: int, gamma: int, vocab: int, sms: int, tim
         return shipped, None
     # the shipped launch's plans and choices: the timeline build's registers must not re-plan it
     same = {k: v for k, v in changes.items() if k != "stats_max_splits"}  # (its plan holds it)
+    # without PDL unless the variant names it: with it, the race's entry falls inside pass 1 and its first phase
+    # holds the wait, so the gap and the race's phases would not mean what the timeline's columns say
+    same.setdefault("pdl", False)
     same.update(stats_plan_=shipped.plans[0], race_plan=shipped.plans[1], scan=shipped.scan, combine=shipped.combine)
     return shipped, tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, **same, timeline=True)
 

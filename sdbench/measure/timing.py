@@ -643,7 +643,7 @@ def _device_time_per_annotation(kineto_events) -> DeviceAttribution:
     Triton launches through the driver API with no torch op around them, so the launching op is
     not always known; the launch call always is. A launch outside every annotation (the L2 flush
     between iterations) belongs to no iteration. A kernel launch inside an annotation whose device
-    record never came is counted as unmatched: that iteration's sum is missing a kernel.
+    record never came is counted as unmatched: that iteration's time is missing a kernel.
     """
     import bisect
 

@@ -133,3 +133,19 @@ def test_a_timeline_build_mirrors_the_shipped_launch():
 def test_sample_variants_name_the_draw():
     assert plan_changes("cdf", 32, 8, 32000, 132) == {"sample": "cdf"}
     assert plan_changes("race+scan-kernel", 32, 8, 32000, 132) == {"sample": "race", "scan": "kernel"}
+
+
+def test_launch_variants_name_pdl_and_the_races_load_order():
+    assert plan_changes("nopdl", 32, 8, 32000, 132) == {"pdl": False}
+    assert plan_changes("pdl+tokens-last", 32, 8, 32000, 132) == {"pdl": True, "tokens_first": False}
+    assert plan_changes("nopdl+tokens-first", 1, 16, 32000, 132) == {"pdl": False, "tokens_first": True}
+
+
+def test_a_calls_device_time_counts_its_overlap_once():
+    """Three calls of two kernels each, the second starting inside the first (PDL); the calls one after another."""
+    from sdbench.commands.logits_kernels import per_call_busy_us
+
+    spans = [(0, 5_000), (4_000, 7_000), (10_000, 12_000), (11_000, 13_000), (20_000, 21_000), (22_000, 23_000)]
+    assert per_call_busy_us(list(reversed(spans)), 3) == pytest.approx([7.0, 3.0, 2.0])
+    with pytest.raises(RuntimeError, match="5 kernel records for 3 calls"):  # a record CUPTI lost
+        per_call_busy_us(spans[:5], 3)

@@ -11,6 +11,7 @@ grid's ~10^4 draws). χ² method and significance: tests/ops/prob_verify_logits/
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -166,39 +167,54 @@ def test_programmatic_dependent_launch_is_available_on_hopper():
 @pytest.mark.parametrize("randomness", ["fast", "supplied"])
 def test_programmatic_dependent_launch_changes_no_output(rule, scan, randomness):
     """With the scan kernel and the race started early (each waits for the kernel ahead before reading what it
-    wrote), in either load order of a race that scans, ten calls in a row give what ten calls without it give, call
-    by call (fast mode: each call draws at the offsets the last one advanced), eagerly and replayed in a CUDA graph.
-    A wait placed after a read of pass 1's partials would read the previous call's: the calls differ in their
-    draws, so their partials' use would show."""
+    wrote), and, where the race scans, in either order of its loads, ten calls in a row give what ten calls
+    without PDL give, call by call, eagerly and replayed in a CUDA graph. Before each call the inputs are
+    overwritten with one of two workloads in turn (a plain copy, stream-ordered before pass 1), so every
+    intermediate (pass 1's partials, the combined stats, the block rule's masses, k and row k's normalisers)
+    differs from the previous call's: a read placed before its wait would take the other workload's and show."""
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
     device = torch.device(DEVICE)
     if not kernels.pdl_available(device):
         pytest.skip("no programmatic dependent launch here (sm_90+ and a Triton with launch_pdl)")
-    w = make_logits_workload(LogitsConfig(32, 8, vocab_size=128256, seed=13), DEVICE).with_randomness(randomness)
-    w.draft_tokens[5, 3] = 128256  # a bad id: flagged by whichever kernel scans
-    inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
-                                   w.draft_temperature, w.uniforms, w.exponential_noise)
+    workloads, first = [], None
+    for seed in (13, 14):
+        w = make_logits_workload(LogitsConfig(32, 8, vocab_size=128256, seed=seed), DEVICE)
+        first = first or w
+        w.draft_tokens[5, 3] = 128256 if seed == 13 else 7  # a bad id in one workload only: its flag comes and goes
+        workloads.append(kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                               w.draft_temperature, w.uniforms, w.exponential_noise))
+    names = [field.name for field in dataclasses.fields(kernels.LogitsTensors)]
+    inputs = kernels.LogitsTensors(*(getattr(workloads[0], name).clone() for name in names))
+
+    def load(i: int) -> None:
+        for name in names:
+            getattr(inputs, name).copy_(getattr(workloads[i % 2], name))
+
     fast = randomness == "fast"
+    race_scans = rule == "block" or scan == "race"
+    orders = ((False, None), (True, None)) + (((True, False), (True, True)) if race_scans else ())
     calls = {}
-    for pdl, tokens_first in ((False, None), (True, None), (True, False)):  # (the race's load order: its default)
-        outputs = allocate_outputs(w)
-        launch = kernels.fused_logits_launcher(inputs, outputs, fast=fast, seed=w.seed, rule=rule, scan=scan, pdl=pdl,
+    for pdl, tokens_first in orders:
+        outputs = allocate_outputs(first)
+        launch = kernels.fused_logits_launcher(inputs, outputs, fast=fast, seed=13, rule=rule, scan=scan, pdl=pdl,
                                                tokens_first=tokens_first)
-        assert launch.pdl == pdl and launch.tokens_first == (pdl if tokens_first is None else tokens_first)
+        assert launch.pdl == pdl
         key = (pdl, tokens_first)
         calls[key] = []
-        for _ in range(10):
+        for i in range(10):
+            load(i)
             launch()
             calls[key].append(_snapshot(outputs))
         if pdl:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 launch()
-            launch.philox_offsets.fill_(w.offset)
+            launch.philox_offsets.fill_(0)
             for i in range(10):
                 parity.poison(outputs)
+                load(i)
                 graph.replay()
                 torch.cuda.synchronize()
                 for name, value in calls[(False, None)][i].items():
@@ -209,9 +225,8 @@ def test_programmatic_dependent_launch_changes_no_output(rule, scan, randomness)
         for i, (want, got) in enumerate(zip(plain, overlapped)):
             for name, value in want.items():
                 assert torch.equal(got[name], value), (key, i, name)
-    assert int(plain[0]["error_flags"][5]) != 0
-    if fast:  # the calls drew fresh numbers
-        assert any(not torch.equal(plain[0]["output_tokens"], later["output_tokens"]) for later in plain)
+    assert [int(call["error_flags"][5]) != 0 for call in plain[:2]] == [True, False]
+    assert not torch.equal(plain[0]["output_tokens"], plain[1]["output_tokens"])  # the two workloads differ
 
 
 def test_plans_fill_waves_of_the_compiled_kernels():

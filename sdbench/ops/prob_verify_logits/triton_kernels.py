@@ -781,8 +781,9 @@ def _scan_kernel(
     sequence's stop in one L2 round trip. FLAGS: the sequence's bad-id flag too (fused_logits; the peer
     has none). Reads fast mode's Philox offset without advancing it: the launch after it draws from the
     same offset and advances it (stream order), so both see the same accept uniforms.
-    PDL (launched with launch_pdl after pass 1): its inputs (the offset, temperatures, tokens and their logits)
-    load while pass 1 finishes, the partials after `_wait_for_prior_kernel`."""
+    PDL (launched with launch_pdl after pass 1): it lets the race start its programs at once
+    (`_let_next_kernel_start`); its inputs (the offset, temperatures, tokens and their logits) load while pass 1
+    finishes, the partials after `_wait_for_prior_kernel`."""
     _let_next_kernel_start(PDL)
     b = tl.program_id(0).to(tl.int64)
     offset = _philox_offset(offsets_ptr, b, FAST)
@@ -1490,6 +1491,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                          tokens_first: bool = False):
     """fused_logits_launcher with every choice made."""
     cdf = fast and sample != "race"
+    tokens_first = tokens_first and scan == "race"  # (a race that starts from k loads no tokens' logits to order)
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     partials = allocate_stats(batch, gamma, plan.splits, device)

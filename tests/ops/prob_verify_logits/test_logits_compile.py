@@ -70,7 +70,7 @@ def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, 
 @pytest.mark.parametrize("steps,vec", [(1, 8), (3, 4)])  # the inversion's lanes: bfloat16, float32
 @pytest.mark.parametrize("timeline", [False, True])  # the diagnostic build (`_mark`)
 # pdl: launched with launch_pdl, it waits for the kernel ahead; tokens_first: a race that scans loads the tokens first
-@pytest.mark.parametrize("pdl,tokens_first", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize("pdl,tokens_first", [(True, True), (True, False), (False, False), (False, True)])
 def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec, timeline, pdl, tokens_first):
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
