@@ -102,6 +102,8 @@ class Facts:
     impl_total: int = 0
     impl_unavailable: list[tuple[str, str, str]] = field(default_factory=list)  # (op, name, reason)
     impl_cpu: list[str] = field(default_factory=list)  # names that run on the CPU
+    triton_version: str | None = None  # None: Triton does not import
+    triton_launch_pdl: bool = False  # its CUDA launcher takes launch_pdl
 
 
 # --- pure rules --------------------------------------------------------------------------------
@@ -427,6 +429,25 @@ def check_extension(facts: Facts) -> Check:
                  "fix the checks above (nvcc, CUDA_HOME, ninja, TORCH_CUDA_ARCH_LIST), then rerun doctor")
 
 
+def check_pdl(facts: Facts) -> Check:
+    """Whether fused_logits overlaps its launches here (programmatic dependent launch: sm_90+ and a Triton whose
+    launcher takes launch_pdl); in a CUDA graph that is ~1 µs a step (docs/perf-notes.md, "Session 23")."""
+    name = "dependent launch"
+    if facts.triton_version is None:
+        return Check(name, PASS, "Triton does not import: no Triton kernel runs here (see implementations)")
+    if facts.gpu is None:
+        return Check(name, PASS, "no GPU here: fused_logits overlaps its kernels on sm_90+ GPUs")
+    major = int(facts.gpu.cc.split(".")[0])
+    if major < 9:
+        return Check(name, PASS, f"off: this sm_{facts.gpu.cc.replace('.', '')} GPU has none (sm_90+), so "
+                     "fused_logits' kernels run one after another")
+    if not facts.triton_launch_pdl:
+        return Check(name, WARN, f"off: Triton {facts.triton_version}'s launcher has no launch_pdl, so fused_logits' "
+                     "kernels cannot overlap (about 1 µs a step in a CUDA graph)", "pip install 'triton>=3.3'")
+    return Check(name, PASS, f"on: fused_logits' scan kernel and race start during the kernel ahead (Triton "
+                 f"{facts.triton_version})")
+
+
 def check_implementations(facts: Facts) -> Check:
     unavailable = facts.impl_unavailable
     if not unavailable:
@@ -461,6 +482,7 @@ def diagnose(facts: Facts) -> list[Check]:
         check_sanitizer(facts),
         check_extension(facts),
         check_implementations(facts),
+        check_pdl(facts),
     ]
     return checks
 
@@ -572,6 +594,17 @@ def _gather_torch(facts: Facts) -> None:
                             props.total_memory / 2**30, torch.cuda.device_count())
 
 
+def _gather_triton(facts: Facts) -> None:
+    try:
+        import triton
+
+        from sdbench.ops.prob_verify_logits.triton_kernels import triton_launches_pdl
+    except Exception:  # no Triton (or it does not import): the implementations check says which kernels that costs
+        return
+    facts.triton_version = triton.__version__
+    facts.triton_launch_pdl = triton_launches_pdl()
+
+
 def _gather_registry(facts: Facts) -> None:
     try:
         from sdbench import registry
@@ -679,4 +712,5 @@ def gather(deep: bool = False, env: Mapping[str, str] | None = None, progress=No
         say("building sdbench's CUDA extension (cold: about a minute; cached afterwards)")
     _gather_extension(facts)
     _gather_registry(facts)
+    _gather_triton(facts)
     return facts

@@ -294,3 +294,29 @@ def test_nsys_tiny_profile_success_outweighs_ldd():
     facts = _h100_facts(nsys_missing_libs=["libdw.so.1"], nsys_smoke_ran=True, nsys_smoke=None)
     check = doctor.check_nsys(facts)
     assert check.status == PASS and "a tiny profile wrote a report" in check.detail
+
+
+# --- programmatic dependent launch (fused_logits' overlapping launches) ------------------------------
+@pytest.mark.parametrize("facts_changes, status, says", [
+    ({"triton_version": "3.6.0", "triton_launch_pdl": True}, PASS, "on:"),
+    ({"triton_version": "3.2.0", "triton_launch_pdl": False}, WARN, "no launch_pdl"),  # before Triton 3.3
+    ({"triton_version": "3.6.0", "triton_launch_pdl": True, "gpu": GpuInfo("NVIDIA L40S", "8.9", 142, 44.4)}, PASS,
+     "sm_89"),
+    ({"triton_version": "3.6.0", "triton_launch_pdl": True, "gpu": None}, PASS, "no GPU"),
+    ({"triton_version": None}, PASS, "Triton does not import"),
+])
+def test_dependent_launch_says_whether_fused_logits_overlaps(facts_changes, status, says):
+    check = doctor.check_pdl(_h100_facts(**facts_changes))
+    assert check.status == status and says in check.detail
+    assert bool(check.fix) == (status == WARN)
+
+
+def test_doctor_reads_this_tritons_launcher():
+    """On this machine: Triton's version and whether its launcher takes launch_pdl, as the kernels' own probe."""
+    triton = pytest.importorskip("triton")
+    from sdbench.ops.prob_verify_logits.triton_kernels import triton_launches_pdl
+
+    facts = Facts()
+    doctor._gather_triton(facts)
+    assert facts.triton_version == triton.__version__ and facts.triton_launch_pdl == triton_launches_pdl()
+    assert _by_name(doctor.diagnose(facts))["dependent launch"].status == PASS  # no GPU here, whatever Triton

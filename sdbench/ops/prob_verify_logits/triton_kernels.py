@@ -1326,16 +1326,21 @@ def _precise_math(device: torch.device) -> bool:
     return device.type == "cuda" and not INTERPRETED
 
 
-def pdl_available(device: torch.device) -> bool:
-    """Programmatic dependent launch: an sm_90+ GPU, compiled kernels, and a Triton whose launcher takes
-    launch_pdl (a CUDA compile option since Triton 3.3)."""
-    if device.type != "cuda" or INTERPRETED or torch.cuda.get_device_capability(device) < (9, 0):
-        return False
+def triton_launches_pdl() -> bool:
+    """Whether this Triton's CUDA launcher takes launch_pdl (a CUDA compile option since Triton 3.3)."""
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
     except ImportError:
         return False
     return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def pdl_available(device: torch.device) -> bool:
+    """Programmatic dependent launch: an sm_90+ GPU, compiled kernels, and a Triton whose launcher takes
+    launch_pdl (`sdbench doctor` says which of them is missing)."""
+    if device.type != "cuda" or INTERPRETED or torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    return triton_launches_pdl()
 
 
 def _pdl_launch(pdl: bool) -> dict:
