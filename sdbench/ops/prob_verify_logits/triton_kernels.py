@@ -1343,9 +1343,10 @@ def pdl_available(device: torch.device) -> bool:
     return triton_launches_pdl()
 
 
-def _pdl_launch(pdl: bool) -> dict:
-    """The launch option that asks for programmatic dependent launch (left out when off: any Triton takes that)."""
-    return dict(launch_pdl=True) if pdl else {}
+def _pdl_meta(pdl: bool) -> dict:
+    """A kernel's PDL constexpr (it waits for the kernel ahead) and, when on, the launch option that asks for
+    programmatic dependent launch (left out when off: any Triton takes that)."""
+    return dict(PDL=pdl, launch_pdl=True) if pdl else dict(PDL=False)
 
 
 def _race_vec(element_size: int, race_rows: int, num_warps: int) -> int:
@@ -1470,8 +1471,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         scan = "race" if combine else default_scan(batch, race, device)
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
-    if tokens_first is None:
-        tokens_first = pdl
+    # (only a race that scans loads the tokens' logits: one that starts from k has no order to choose)
+    tokens_first = (pdl if tokens_first is None else tokens_first) and scan == "race"
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
                                   combine, timeline, pdl, tokens_first)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
@@ -1496,7 +1497,6 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                          tokens_first: bool = False):
     """fused_logits_launcher with every choice made."""
     cdf = fast and sample != "race"
-    tokens_first = tokens_first and scan == "race"  # (a race that starts from k loads no tokens' logits to order)
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     partials = allocate_stats(batch, gamma, plan.splits, device)
@@ -1531,8 +1531,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                      t.uniforms, *partials, stop, stop_stats, offsets, outputs["error_flags"], seed, plan.splits,
                      vocab, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
                      t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
-        scan_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(plan.splits), FAST=fast, FLAGS=True, PDL=pdl,
-                         num_warps=4, **_pdl_launch(pdl))
+        scan_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(plan.splits), FAST=fast, FLAGS=True, num_warps=4,
+                         **_pdl_meta(pdl))
         launches.append(BoundLaunch(_scan_kernel, (batch,), scan_args, scan_meta, device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
     mass_plan = mass_plan or (default_row_plan(mass_rows, vocab, device) if mass_rows else StatsPlan(span=vocab, splits=1))
@@ -1556,8 +1556,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=race.steps, FAST=fast,
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
-                VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), PDL=pdl,
-                TOKENS_FIRST=tokens_first, num_warps=race.num_warps, **_pdl_launch(pdl))
+                VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), TOKENS_FIRST=tokens_first,
+                num_warps=race.num_warps, **_pdl_meta(pdl))
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)
 

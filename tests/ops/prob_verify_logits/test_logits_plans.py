@@ -175,4 +175,4 @@ def test_programmatic_dependent_launch_needs_a_hopper_gpu_and_compiled_kernels()
 
 
 def test_the_launch_option_is_asked_for_only_when_on():
-    assert kernels._pdl_launch(True) == {"launch_pdl": True} and kernels._pdl_launch(False) == {}
+    assert kernels._pdl_meta(True) == {"PDL": True, "launch_pdl": True} and kernels._pdl_meta(False) == {"PDL": False}
