@@ -1322,6 +1322,21 @@ def default_combine(batch: int, race: RacePlan, device: torch.device) -> bool:
     return _race_fills_the_machine(batch, race, device)
 
 
+# The most row partials ([R_PAD, splits] of a sequence) that a race program loads after the draft tokens' logits
+# under PDL. Measured on the H100 (session 24, `logits/kernels/9-tokens-order`): with 64-256 partials (b = 32,
+# V = 32000, γ = 4-16) the tokens first were 0.1-0.3 µs faster; with 1024-2048 (b = 1, γ ≥ 8) the tokens last
+# were up to 0.7 µs faster (b = 1, γ = 16, V = 32000, fp32, warm: 8.8 against 9.5), their big stats load no
+# longer queued behind the 2γ gathered logits (the order session 21 measured on the H200 without PDL).
+TOKENS_FIRST_MAX_PARTIALS = 256
+
+
+def default_tokens_first(gamma: int, stats_splits: int, pdl: bool) -> bool:
+    """Whether a race program that scans loads the draft tokens' logits before the rows' stats: with PDL (they
+    then load while pass 1 ends), unless the stats it loads are many partials (`TOKENS_FIRST_MAX_PARTIALS`)."""
+    partials = triton.next_power_of_2(2 * gamma + 1) * triton.next_power_of_2(stats_splits)
+    return pdl and partials <= TOKENS_FIRST_MAX_PARTIALS
+
+
 def _precise_math(device: torch.device) -> bool:
     return device.type == "cuda" and not INTERPRETED
 
@@ -1425,7 +1440,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     pdl (two launches): the scan kernel and the race launched with programmatic dependent launch, so each one's
     start and input loads overlap the kernel ahead of it (`_wait_for_prior_kernel`); None: where `pdl_available`.
     tokens_first (a race that scans: scan "race", the block rule): its programs load the draft tokens and their
-    logits before the rows' stats (with PDL, during the wait); None: with PDL (docs/perf-notes.md, "Session 23")."""
+    logits before the rows' stats (with PDL, during the wait); None: `default_tokens_first` (docs/perf-notes.md,
+    "Session 23" and "Session 24")."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
@@ -1471,8 +1487,6 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         scan = "race" if combine else default_scan(batch, race, device)
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
-    # (only a race that scans loads the tokens' logits: one that starts from k has no order to choose)
-    tokens_first = (pdl if tokens_first is None else tokens_first) and scan == "race"
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
                                   combine, timeline, pdl, tokens_first)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
@@ -1494,8 +1508,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
                          sample: str | None, combine: bool, timeline: bool = False, pdl: bool = False,
-                         tokens_first: bool = False):
-    """fused_logits_launcher with every choice made."""
+                         tokens_first: bool | None = None):
+    """fused_logits_launcher with every choice made (tokens_first None: `default_tokens_first`)."""
     cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
@@ -1503,6 +1517,10 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     # each row's partials combined by its last pass-1 program; or (combine=False) the partials themselves
     stats = allocate_stats(batch, gamma, 1, device) if combine else partials
     stats_splits = 1 if combine else plan.splits
+    if tokens_first is None:
+        tokens_first = default_tokens_first(gamma, stats_splits, pdl)
+    # (only a race that scans loads the tokens' logits: one that starts from k has no order to choose)
+    tokens_first = tokens_first and scan == "race"
     row_arrivals = torch.zeros(batch * (2 * gamma + 1), dtype=torch.int32, device=device)
     best = torch.zeros(batch, dtype=torch.int64, device=device)
     arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
