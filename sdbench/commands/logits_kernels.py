@@ -40,6 +40,7 @@ import statistics
 import torch
 import triton
 
+from sdbench.measure.environment import software
 from sdbench.measure.timing import busy_us, l2_flush
 from sdbench.ops.prob_verify_logits import triton_kernels as tk
 from sdbench.ops.prob_verify_logits.common import allocate_outputs
@@ -206,6 +207,12 @@ def _launches(variant: str, w, batch: int, gamma: int, vocab: int, sms: int, tim
     return shipped, tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, **same, timeline=True)
 
 
+def launch_choices(run) -> dict | None:
+    """What a fused_logits launch resolved (where the scan runs, who combines, PDL, the race's load order), so a
+    row says what its variant ran whatever the defaults were then; None for a launch that has none."""
+    return {name: getattr(run, name) for name in ("scan", "combine", "pdl", "tokens_first") if hasattr(run, name)} or None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--points", required=True, help="batch:γ:V:dtype,... (dtype bf16 or fp32)")
@@ -229,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         from sdbench.commands.logits_bench import copy_ceiling_tbps
 
         args.copy_tbps = copy_ceiling_tbps()
+    git_sha = software()["git_sha"]  # the code a row timed (a variant named `default` means that code's defaults)
     rows = []
     for point in args.points.split(","):
         batch, gamma, vocab, dtype = point.split(":")
@@ -255,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                     span=plan.span, splits=plan.splits, tile=plan.tile or tk.stats_tile(w.target_logits.element_size()),
                     num_warps=plan.num_warps or tk.STATS_WARPS, per_sm=per_sm[0], race_per_sm=per_sm[1])
                 rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant, total=total,
-                                 floor=floor_us, copy_tbps=args.copy_tbps, kernels=kernels, pass1_plan=plan))
+                                 floor=floor_us, copy_tbps=args.copy_tbps, kernels=kernels, pass1_plan=plan,
+                                 choices=launch_choices(run), git_sha=git_sha))
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "
                       f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items())
                       + (f" | splits {plan['splits']}" if plan else ""), flush=True)

@@ -149,3 +149,25 @@ def test_a_calls_device_time_counts_its_overlap_once():
     assert per_call_busy_us(list(reversed(spans)), 3) == pytest.approx([7.0, 3.0, 2.0])
     with pytest.raises(RuntimeError, match="5 kernel records for 3 calls"):  # a record CUPTI lost
         per_call_busy_us(spans[:5], 3)
+
+
+def test_a_row_records_what_the_launch_resolved():
+    """A CPU-built launch (nothing runs): the row's choices are the launch's, an explicit order and the defaults
+    resolved alike; a launcher without them (the peer's) records none."""
+    import torch
+
+    from sdbench.commands.logits_kernels import launch_choices
+
+    batch, gamma, vocab = 2, 3, 5000
+    t = tk.LogitsTensors(torch.zeros(batch, gamma, dtype=torch.int64), torch.zeros(batch, gamma + 1, vocab),
+                         torch.zeros(batch, gamma, vocab), torch.ones(batch), torch.ones(batch),
+                         torch.zeros(batch, gamma), torch.zeros(batch, vocab))
+    outputs = {"accepted_lengths": torch.empty(batch, dtype=torch.int64),
+               "next_tokens": torch.empty(batch, dtype=torch.int64),
+               "output_tokens": torch.empty(batch, gamma + 1, dtype=torch.int64),
+               "error_flags": torch.empty(batch, dtype=torch.int32)}
+    for tokens_first in (True, False):
+        launch = tk.fused_logits_launcher(t, outputs, True, 0, 0, scan="race", combine=True, tokens_first=tokens_first)
+        assert launch_choices(launch) == {"scan": "race", "combine": True, "pdl": False, "tokens_first": tokens_first}
+    assert launch_choices(tk.fused_logits_launcher(t, outputs, True, 0, 0, scan="kernel"))["tokens_first"] is False
+    assert launch_choices(lambda: None) is None

@@ -1322,11 +1322,12 @@ def default_combine(batch: int, race: RacePlan, device: torch.device) -> bool:
     return _race_fills_the_machine(batch, race, device)
 
 
-# The most row partials ([R_PAD, splits] of a sequence) that a race program loads after the draft tokens' logits
-# under PDL. Measured on the H100 (session 24, `logits/kernels/9-tokens-order`): with 64-256 partials (b = 32,
-# V = 32000, γ = 4-16) the tokens first were 0.1-0.3 µs faster; with 1024-2048 (b = 1, γ ≥ 8) the tokens last
-# were up to 0.7 µs faster (b = 1, γ = 16, V = 32000, fp32, warm: 8.8 against 9.5), their big stats load no
-# longer queued behind the 2γ gathered logits (the order session 21 measured on the H200 without PDL).
+# The most row partials ([R_PAD, splits] of a sequence, padded) that a race program loads after the draft tokens'
+# logits under PDL. Measured on the H100 (session 24, `logits/kernels/9-tokens-order`): with 64-256 partials (b = 32,
+# V = 32000, bf16, γ = 4-16) the tokens first were as fast or 0.1-0.6 µs faster at every state, both views; with
+# 1024-2048 (b = 1, γ ≥ 8) the tokens last were up to 0.7 µs faster (b = 1, γ = 16, V = 32000, fp32, warm: 8.8
+# against 9.5), their big stats load no longer queued behind the 2γ gathered logits (the order session 21 measured
+# on the H200 without PDL). 512 (b = 1, γ = 4 at V ≥ 128256; b = 32, γ = 16, V = 32000, fp32) was not measured.
 TOKENS_FIRST_MAX_PARTIALS = 256
 
 

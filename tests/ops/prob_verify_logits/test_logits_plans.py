@@ -179,9 +179,9 @@ def test_the_launch_option_is_asked_for_only_when_on():
 
 
 def test_the_race_loads_the_tokens_first_only_under_pdl_and_before_a_small_stats_load():
-    """The order measured on the H100: tokens first where a program loads a few partials (b = 32, V = 32000:
-    [16, 4] at γ = 4 to [64, 4] at γ = 16), stats first where it loads many (b = 1: [32-64, 16-32]); without PDL
-    the stats first, the order of the kernels session 22 timed."""
+    """The order measured on the H100: tokens first where a program loads a few partials (b = 32, V = 32000,
+    bf16: [16, 4] at γ = 4 to [64, 4] at γ = 16), stats first where it loads many (b = 1: [32-64, 16-32]); without
+    PDL the stats first, the order of the kernels session 22 timed."""
     first = kernels.default_tokens_first
     assert first(4, 4, pdl=True) and first(8, 2, pdl=True) and first(16, 4, pdl=True)  # 64, 64 and 256 partials
     assert first(8, 1, pdl=True) and first(16, 1, pdl=True)  # combined rows: one partial a row
@@ -190,12 +190,30 @@ def test_the_race_loads_the_tokens_first_only_under_pdl_and_before_a_small_stats
     assert not any(first(gamma, splits, pdl=False) for gamma in (1, 4, 16) for splits in (1, 4, 32))
 
 
+def _outputs(batch: int, gamma: int) -> dict[str, torch.Tensor]:
+    return {"accepted_lengths": torch.empty(batch, dtype=torch.int64), "next_tokens": torch.empty(batch, dtype=torch.int64),
+            "output_tokens": torch.empty(batch, gamma + 1, dtype=torch.int64),
+            "error_flags": torch.empty(batch, dtype=torch.int32)}
+
+
+def test_under_pdl_the_load_order_follows_the_partials_the_race_reads():
+    """The launch resolves the default from what its race reads: pass 1's partials uncombined (splits of them a
+    row), or combined rows (one). Built on the CPU with pdl=True (nothing is launched: the launcher refuses PDL
+    there, so this calls the launch builder it delegates to)."""
+    t = _logits_tensors(torch.float32)  # γ = 3: R_PAD 8
+    race = kernels.RacePlan(rows=32, steps=1, programs=2, num_warps=4)
+    for splits, combine, want in ((64, False, False), (32, False, True), (64, True, True)):
+        plan = kernels.StatsPlan(span=kernels.STATS_TILE, splits=splits)
+        launch = kernels._fused_logits_launch(t, _outputs(2, 3), True, 0, 0, plan, "token", None, race, "race", None,
+                                              combine, pdl=True)
+        assert launch.tokens_first is want, (splits, combine)
+        assert launch.race_launch._meta["TOKENS_FIRST"] is want and launch.race_launch._meta["PDL"]
+
+
 def test_an_explicit_load_order_is_kept_and_a_race_that_does_not_scan_has_none():
     t = _logits_tensors(torch.float32)
     for scan, tokens_first, want in (("race", True, True), ("race", False, False), ("race", None, False),
                                      ("kernel", True, False), ("pass1", True, False)):
-        outputs = {"accepted_lengths": torch.empty(2, dtype=torch.int64), "next_tokens": torch.empty(2, dtype=torch.int64),
-                   "output_tokens": torch.empty(2, 4, dtype=torch.int64), "error_flags": torch.empty(2, dtype=torch.int32)}
-        launch = kernels.fused_logits_launcher(t, outputs, fast=True, scan=scan, tokens_first=tokens_first)
+        launch = kernels.fused_logits_launcher(t, _outputs(2, 3), fast=True, scan=scan, tokens_first=tokens_first)
         assert launch.tokens_first is want, (scan, tokens_first)
         assert launch.race_launch._meta["TOKENS_FIRST"] is want
