@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                     stats = views["graph"].stats
                     median = None if stats is None else stats.median_us
                     rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant,
-                                     graph=median, floor=floor_us, reason=views["graph"].reason))
+                                     graph=median, floor=floor_us, reason=views["graph"].reason,
+                                     choices=launch_choices(calls[variant]), git_sha=git_sha))
                     shown = "—" if median is None else f"{median:8.1f}"
                     print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "
                           f"graph {shown}", flush=True)
