@@ -16,8 +16,7 @@ unless a scan is named), `pdl` / `nopdl` (the scan kernel and the race launched 
 launch, or not), `tokens-first` / `tokens-last` (a race that scans loads the draft tokens' logits before or after
 the rows' stats), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
 `r<ROWS>x<N>`, `lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N
-registers a thread); `meet` (`one` at lag 0: the race in each sequence's own last pass-1 programs once they have
-met, `_meet_kernel`); `default` changes nothing.
+registers a thread); `default` changes nothing.
 Each (point, variant, L2) prints one line: the median call's device time (`total`: the time its kernels cover,
 overlaps counted once) and the kernels' CUPTI durations, each the median over the timed calls times its launches
 per call, fast randomness. The rows are written as JSON (--out).
@@ -88,8 +87,6 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             changes["tokens_first"] = part == "tokens-first"
         elif part == "one":
             changes["single"] = True
-        elif part == "meet":  # one launch, the race in the sequence's own pass-1 programs (`_meet_kernel`)
-            changes.update(single=True, lag=0)
         elif part.startswith("reg"):
             changes["maxnreg"] = int(part[3:])
         elif part.startswith("lag"):

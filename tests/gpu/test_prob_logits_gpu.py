@@ -404,8 +404,7 @@ def test_one_launch_equals_the_reference(point):
     lengths and the bad id's flag equal the float32 reference, at the default lag B (every race after all of
     pass 1), at lag 1 (each race right behind the next sequence's pass 1, so most of them wait) and B/3. Three
     calls on the same scratch, the inputs changed between them (the sequences rolled by one), so a race that
-    read its partials before its sequence's pass 1 wrote them would read the last call's, and differ. Lag 0
-    (`_meet_kernel`, b > 1: the race in the sequence's own pass-1 programs, which wait for one another) too."""
+    read its partials before its sequence's pass 1 wrote them would read the last call's, and differ."""
     from sdbench.ops.prob_verify_logits import reference
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
@@ -414,7 +413,7 @@ def test_one_launch_equals_the_reference(point):
     w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, seed=60), DEVICE)
     w.draft_tokens[batch - 1, 0] = vocab  # a bad id
     inputs = _one_launch_inputs(w)
-    for lag in (None, 1, max(1, batch // 3)) + ((0,) if batch > 1 else ()):
+    for lag in (None, 1, max(1, batch // 3)):
         outputs = allocate_outputs(w)
         launch = kernels.fused_logits_launcher(inputs, outputs, fast=False, single=True, lag=lag)
         for call in range(3):
@@ -435,24 +434,21 @@ def test_one_launch_equals_the_reference(point):
             assert not any(counter.any() for counter in launch.scratch), (lag, call)
 
 
-@pytest.mark.parametrize("lag", [None, 0])
 @pytest.mark.parametrize("point", ONE_LAUNCH_POINTS, ids=lambda p: "b{}-g{}-v{}-{}".format(*p))
-def test_one_launch_draws_what_two_launches_draw(point, lag):
+def test_one_launch_draws_what_two_launches_draw(point):
     """Fast mode, five calls in a row: every call's tokens equal the two-launch design's at the same Philox
     offsets (the same accept uniforms, the same chunking of the inversion), the offsets advance once a call,
-    and the scratch is left zeroed. Under sync-debug "error": no host sync. lag 0: `_meet_kernel`."""
+    and the scratch is left zeroed. Under sync-debug "error": no host sync."""
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
     batch, gamma, vocab, dtype = point
-    if lag == 0 and batch == 1:
-        pytest.skip("b = 1, γ = 16: a sequence's pass-1 programs may not all fit at once (lag 0 is refused there)")
     w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, seed=61),
                              DEVICE).with_randomness("fast")
     two_out, one_out = allocate_outputs(w), allocate_outputs(w)
     two = kernels.fused_logits_launcher(_one_launch_inputs(w), two_out, fast=True, seed=w.seed, offset=w.offset)
     one = kernels.fused_logits_launcher(_one_launch_inputs(w), one_out, fast=True, seed=w.seed, offset=w.offset,
-                                        single=True, lag=lag)
+                                        single=True)
     assert one.plans[1].rows == two.plans[1].rows  # the inversion's chunks: the same columns, the same masses
     for call in range(5):
         parity.poison(one_out)
@@ -470,15 +466,14 @@ def test_one_launch_draws_what_two_launches_draw(point, lag):
     assert not any(counter.any() for counter in one.scratch)
 
 
-@pytest.mark.parametrize("lag", [None, 0])
-def test_one_launch_replays_in_a_graph(lag):
+def test_one_launch_replays_in_a_graph():
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
     w = make_logits_workload(LogitsConfig(32, 8, vocab_size=32000, seed=62), DEVICE).with_randomness("fast")
     outputs = allocate_outputs(w)
     launch = kernels.fused_logits_launcher(_one_launch_inputs(w), outputs, fast=True, seed=w.seed, offset=w.offset,
-                                           single=True, lag=lag)
+                                           single=True)
     launch()
     expected = _snapshot(outputs)
     graph = torch.cuda.CUDAGraph()
@@ -493,16 +488,3 @@ def test_one_launch_replays_in_a_graph(lag):
         assert torch.equal(outputs[key], value), key
     assert bool((launch.philox_offsets == w.offset + 1).all())
     assert not any(counter.any() for counter in launch.scratch)
-
-
-def test_meet_refuses_a_sequence_whose_programs_cannot_all_be_resident():
-    """lag 0 waits on programs of higher index: where a sequence's pass-1 programs exceed what fits at once (b = 1,
-    γ = 16, 128 splits: 4224 programs, above the 16 an SM any kernel of 4 warps is limited to), it is refused."""
-    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
-    from sdbench.ops.prob_verify_logits.common import allocate_outputs
-
-    w = make_logits_workload(LogitsConfig(1, 16, vocab_size=151936, seed=63), DEVICE).with_randomness("fast")
-    plan = kernels.StatsPlan(span=-(-151936 // 128), splits=128)
-    with pytest.raises(ValueError, match="resident at once"):
-        kernels.fused_logits_launcher(_one_launch_inputs(w), allocate_outputs(w), fast=True, seed=w.seed,
-                                      offset=w.offset, single=True, lag=0, stats_plan_=plan)

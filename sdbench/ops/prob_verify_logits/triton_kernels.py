@@ -824,8 +824,7 @@ def _race_program(
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, STATS_CACHE: tl.constexpr,
-    TIMELINE: tl.constexpr, PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr, wait_ptr, wait_count,
-    WAIT_COUNT: tl.constexpr,
+    TIMELINE: tl.constexpr, PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr,
 ):
     """The race's program (b, c), grid (B, chunks) in `_logits_race_kernel`; returns whether it arrived last.
     It owns STEPS chunks of 4·ROWS columns of the stopping row, columns
@@ -850,9 +849,7 @@ def _race_program(
     PDL (`_logits_race_kernel` launched with launch_pdl): the inputs (offset, temperatures) load before
     `_wait_for_prior_kernel`, while the kernel ahead finishes; what pass 1, the scan kernel or the mass pass wrote,
     after it. TOKENS_FIRST (a program that scans): the draft tokens and their 2γ logits load before the rows'
-    stats (and, with PDL, before the wait), or after them (the order measured faster without PDL at b = 1).
-    WAIT_COUNT (`_meet_kernel`): after those inputs, wait until wait_ptr[b] (int32, acquire) reaches wait_count,
-    the sequence's pass-1 programs, each of which counted itself after writing its partial."""
+    stats (and, with PDL, before the wait), or after them (the order measured faster without PDL at b = 1)."""
     b = b.to(tl.int64)
     mark = (b * chunks + chunk) * RACE_MARKS
     _mark(timeline_ptr, mark, chunk, TIMELINE)
@@ -867,10 +864,6 @@ def _race_program(
                                                                 stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
                                                                 stride_q_row, GAMMA, GAMMA_PAD)
     _wait_for_prior_kernel(PDL)
-    if WAIT_COUNT:
-        done = tl.atomic_add(wait_ptr + b, 0, sem="acquire")
-        while done < wait_count:
-            done = tl.atomic_add(wait_ptr + b, 0, sem="acquire")
     if STOP_STATS:  # `_scan_kernel` left k, row k's normalisers and the flag: one L2 round trip, nothing combined
         k = tl.load(stop_ptr + b)
         stop_stats = stop_stats_ptr + b * 6
@@ -997,7 +990,7 @@ def _logits_race_kernel(
         chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b, stride_p_b,
         stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD,
         MASS_PAD, ROWS, STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC, "",
-        TIMELINE, PDL, TOKENS_FIRST, arrivals_ptr, 0, False)
+        TIMELINE, PDL, TOKENS_FIRST)
 
 
 # --- one launch (fused_logits single=True): pass 1 and the race in one grid, sequence by sequence --------------------
@@ -1066,62 +1059,10 @@ def _one_launch_kernel(
             offsets_ptr, chunk_mass_ptr, done_ptr, seed, vocab, 1, chunks, splits, stride_tok_b, stride_p_b,
             stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, 1,
             ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg", False,
-            False, False, done_ptr, 0, False)
+            False, False)
         if last:
             tl.store(done_ptr + seq, 0)
 
-
-
-@triton.jit(do_not_specialize=["seed"])
-def _meet_kernel(
-    draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
-    stats_max_ptr, stats_sum_ptr, stats_arg_ptr, accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr,
-    error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr, chunk_mass_ptr, done_ptr,
-    seed, batch, vocab, span, splits, chunks, lag,
-    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
-    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, TILE: tl.constexpr, VEC: tl.constexpr,
-    ROWS: tl.constexpr, STEPS: tl.constexpr, RACE_VEC: tl.constexpr, PRECISE_MATH: tl.constexpr,
-    FAST: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr, STATS_PAD: tl.constexpr, PHASE: tl.constexpr,
-):
-    """Grid (B·(2γ+1)·splits,), a sequence's pass-1 programs adjacent (fused_logits single=True, lag=0): the race
-    runs in the sequence's own last `chunks` pass-1 programs once all its programs have met, so no program waits
-    in a slot of its own and the race reads rows k from L2 a moment after pass 1 read them there. A program is
-    `_row_stats_program` (its partial, uncombined), then counts itself done for its sequence (done_ptr, int32
-    [B], release); the last `chunks` programs of the sequence then run `_race_program` (the scan in each, the
-    draft tokens' logits loaded before the wait) as race program item - (pass items - chunks), waiting in it
-    until the count reaches the sequence's (2γ+1)·splits. The sequence's last race arrival resets the count
-    (every waiting program has passed its wait by then; the others never read it).
-    A waiting program waits on programs of its own sequence, of higher index too: that cannot deadlock where a
-    sequence's programs fit at once in the resident slots, since blocks start in index order (the launcher
-    refuses more). PHASE (the interpreter, which runs programs one after another): 1 runs pass 1 and the counts
-    only, 2 the races only, in two launches; 0 (a GPU) both in one.
-    The design of docs/perf-notes.md "What is left of the floor bar" (session 24), built in session 25."""
-    t = tl.program_id(0)
-    pass_items = (2 * GAMMA + 1) * splits
-    seq = t // pass_items
-    item = t % pass_items
-    if PHASE != 2:
-        # (COMBINE and SCAN off: the pointers after stats_arg_ptr are never touched; int32 ones stand in)
-        _row_stats_program(
-            seq * (2 * GAMMA + 1) + item // splits, item % splits, target_ptr, draft_ptr, target_temp_ptr,
-            draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
-            arrivals_ptr, draft_tokens_ptr, uniforms_ptr, offsets_ptr, arrivals_ptr, arrivals_ptr, error_flags_ptr,
-            done_ptr, seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b,
-            stride_u_b, GAMMA, TILE, False, 1, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH, False)
-        tl.atomic_add(done_ptr + seq, 1, sem="release")  # after this program's partial
-    if PHASE != 1:
-        first_racer = pass_items - chunks
-        if item >= first_racer:
-            last = _race_program(
-                seq, item - first_racer, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr,
-                uniforms_ptr, noise_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stats_max_ptr, arrivals_ptr,
-                stats_max_ptr, accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr,
-                arrivals_ptr, offsets_ptr, chunk_mass_ptr, done_ptr, seed, vocab, 1, chunks, splits, stride_tok_b,
-                stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA,
-                GAMMA_PAD, R_PAD, 1, ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD,
-                False, RACE_VEC, ".cg", False, False, True, done_ptr, pass_items, True)
-            if last:
-                tl.store(done_ptr + seq, 0)
 
 # --- vllm_v2_style: Gumbel resample per block, finish (its scan: `_scan_kernel`) --------------------------------
 @triton.jit(do_not_specialize=["seed"])
@@ -1493,8 +1434,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     Plans left None are sized on a GPU to the kernels as they compiled (their resident programs per SM);
     stats_max_splits caps pass 1's splits below one wave (`stats_plan`).
     single (token rule): pass 1 and the race in one launch (`_one_launch_kernel`; the scan in every race
-    program), `lag` sequences between a sequence's pass 1 and its race (None: B, every race after pass 1; 0: the
-    race in the sequence's own last pass-1 programs once they all have met, `_meet_kernel`),
+    program), `lag` sequences between a sequence's pass 1 and its race (None: B, every race after pass 1),
     maxnreg: a cap on the one kernel's registers a thread (ptxas spills above it). An experiment, not a default
     (docs/perf-notes.md, "Session 17").
     timeline (two launches): a timeline build of pass 1 and the race (`_mark`), whose marks the launch keeps as
@@ -1662,51 +1602,28 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
 def _one_launch_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan | None, race: RacePlan | None, sample: str | None, lag: int | None,
                          maxnreg: int | None = None):
-    """fused_logits_launcher(single=True): plans sized to the one kernel as it compiled (a plan given is kept).
-    lag 0 (`_meet_kernel`): the race's chunks re-split over at most the sequence's pass-1 programs
-    (`meet_race_plan`), and refused where a sequence's pass-1 programs would not all fit at once in the resident
-    slots of the kernel as it compiled (its waits could then deadlock)."""
+    """fused_logits_launcher(single=True): plans sized to the one kernel as it compiled (a plan given is kept)."""
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     element_size = t.target_logits.element_size()
-
-    def plans(per_sm: int | None) -> tuple[StatsPlan, RacePlan]:
-        stats = plan or default_stats_plan(batch, gamma, vocab, device, element_size=element_size,
-                                           **({} if per_sm is None else dict(per_sm=per_sm)))
-        racing = race or default_race_plan(batch, vocab, device, **({} if per_sm is None else dict(per_sm=per_sm)))
-        if lag == 0:
-            racing = meet_race_plan(racing, vocab, (2 * gamma + 1) * stats.splits)
-        return stats, racing
-
-    launch = _one_launch(t, outputs, fast, seed, offset, *plans(None), sample, lag, maxnreg)
-    per_sm = None
-    if device.type == "cuda" and not INTERPRETED:
+    launch = _one_launch(t, outputs, fast, seed, offset,
+                         plan or default_stats_plan(batch, gamma, vocab, device, element_size=element_size),
+                         race or default_race_plan(batch, vocab, device), sample, lag, maxnreg)
+    if device.type == "cuda" and not INTERPRETED and (plan is None or race is None):
         per_sm = launch.stats_launch.programs_per_sm()
-        if per_sm is not None and (plan is None or race is None):
-            better = plans(per_sm)
+        if per_sm is not None:
+            better = (plan or default_stats_plan(batch, gamma, vocab, device, per_sm=per_sm, element_size=element_size),
+                      race or default_race_plan(batch, vocab, device, per_sm=per_sm))
             if better != launch.plans:
                 launch = _one_launch(t, outputs, fast, seed, offset, *better, sample, lag, maxnreg)
             launch.programs_per_sm = (per_sm, per_sm)
-    if lag == 0 and per_sm is not None:
-        pass_items = (2 * gamma + 1) * launch.plans[0].splits
-        if pass_items > per_sm * _sms(device):
-            raise ValueError(f"lag=0 needs a sequence's {pass_items} pass-1 programs resident at once; "
-                             f"{per_sm * _sms(device)} fit ({per_sm} an SM)")
     return launch
-
-
-def meet_race_plan(race: RacePlan, vocab: int, pass_items: int) -> RacePlan:
-    """The race of `_meet_kernel`: row k's chunks of 4·race.rows columns over at most `pass_items` programs
-    (the sequence's pass-1 programs that race), as few steps a program as that allows."""
-    chunks = triton.cdiv(vocab, 4 * race.rows)
-    steps = triton.cdiv(chunks, min(pass_items, chunks))
-    return RacePlan(rows=race.rows, steps=steps, programs=triton.cdiv(chunks, steps), num_warps=race.num_warps)
 
 
 def _one_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                 plan: StatsPlan, race: RacePlan, sample: str | None, lag: int | None,
                 maxnreg: int | None = None):
-    """The one-launch grid with every choice made (`_one_launch_kernel`; lag 0: `_meet_kernel`); lag None: B."""
+    """The one-launch grid with every choice made (`_one_launch_kernel`); lag None: B."""
     cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
@@ -1721,11 +1638,8 @@ def _one_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, 
     offsets = philox_offsets(batch, offset, device)
     pass_items = (2 * gamma + 1) * plan.splits
     lag = batch if lag is None else lag  # every race after all of pass 1: the fastest order measured at b = 128
-    if not 0 <= lag <= batch:
-        raise ValueError(f"lag must be in [0, B = {batch}], got {lag}")
-    if lag == 0 and race.programs > pass_items:
-        raise ValueError(f"lag=0 races in the sequence's pass-1 programs: {race.programs} race programs, "
-                         f"{pass_items} pass-1 programs")
+    if not 1 <= lag <= batch:
+        raise ValueError(f"lag must be in [1, B = {batch}], got {lag}")
     args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
             t.exponential_noise, *partials, outputs["accepted_lengths"], outputs["next_tokens"],
             outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, chunk_mass, done, seed, batch,
@@ -1742,19 +1656,10 @@ def _one_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, 
                 STATS_PAD=triton.next_power_of_2(plan.splits), num_warps=warps)
     if maxnreg is not None and not INTERPRETED:
         meta["maxnreg"] = maxnreg
-    if lag == 0:
-        # the interpreter runs programs one after another, so a program could never wait for a later one: pass 1
-        # and the races in two launches there (the same code; the counted wait is then already met)
-        phases = (1, 2) if INTERPRETED else (0,)
-        steps = [BoundLaunch(_meet_kernel, (batch * pass_items,), args, dict(meta, PHASE=phase), device)
-                 for phase in phases]
-    else:
-        steps = [BoundLaunch(_one_launch_kernel, (batch * (pass_items + race.programs),), args, meta, device)]
-    one = steps[0]
+    one = BoundLaunch(_one_launch_kernel, (batch * (pass_items + race.programs),), args, meta, device)
 
     def launch() -> None:
-        for step in steps:
-            step()
+        one()
 
     launch.scratch = (best, arrivals, done)  # tests check they are left zeroed
     launch.scan = "race"

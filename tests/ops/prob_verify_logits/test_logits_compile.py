@@ -105,19 +105,3 @@ def test_one_launch_kernel_compiles_for_sm90(fast, cdf, vec, race_vec, steps):
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, TILE=256 * vec, VEC=vec, ROWS=256, STEPS=steps, RACE_VEC=race_vec,
                 PRECISE_MATH=True, FAST=fast, CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4)
     assert "_one_launch_kernel" in _compile(kernels._one_launch_kernel, pads).asm["ptx"]
-
-
-@pytest.mark.parametrize("fast,cdf", [(True, True), (True, False), (False, False)])
-@pytest.mark.parametrize("vec,race_vec,steps", [(8, 8, 1), (4, 4, 3)])  # bfloat16, float32
-@pytest.mark.parametrize("phase", [0, 1, 2])  # 0: one launch (a GPU); 1 and 2: pass 1, then the races (interpreter)
-def test_meet_kernel_compiles_for_sm90(fast, cdf, vec, race_vec, steps, phase):
-    kernels = _kernels()
-    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, TILE=256 * vec, VEC=vec, ROWS=256, STEPS=steps, RACE_VEC=race_vec,
-                PRECISE_MATH=True, FAST=fast, CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4, PHASE=phase)
-    compiled = _compile(kernels._meet_kernel, pads)
-    assert "_meet_kernel" in compiled.asm["ptx"]
-    # atomics that return a value (the counted wait's, the race's arrivals) only where the races run: pass 1 alone
-    # counts itself with a release reduction
-    ptx = compiled.asm["ptx"]
-    assert ("atom.global" in ptx) == (phase != 1), phase
-    assert ("red.global.gpu.release" in ptx) == (phase != 2), phase
