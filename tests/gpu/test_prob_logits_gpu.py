@@ -153,6 +153,49 @@ def test_where_the_scan_runs_changes_no_output(randomness):
     assert int(results[0][1]["error_flags"][3]) != 0
 
 
+@pytest.mark.parametrize("point", [(32, 8, 32000, "bfloat16"), (1, 16, 151936, "float32"), (512, 4, 32000, "bfloat16")],
+                         ids=lambda p: "b{}-g{}-v{}-{}".format(*p))
+def test_greedy_requests_need_no_draft_rows(point):
+    """The token rule skips a greedy request's draft rows: with NaN over them, fused_logits (its default plans, so
+    PDL and the scan placement the size picks) and vllm_v2_style give the reference's outputs on the clean inputs,
+    in supplied randomness, eager and replayed in a graph. b = 1: the grid's one request is greedy (every draft row
+    skipped); b = 512: the scan kernel."""
+    from sdbench.ops.prob_verify_logits import reference
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    batch, gamma, vocab, dtype = point
+    w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, seed=64), DEVICE)
+    want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                        w.draft_temperature, w.uniforms, w.exponential_noise)
+    greedy = w.target_temperature == 0
+    assert bool(greedy.any())
+    w.draft_logits[greedy] = float("nan")
+    inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                   w.draft_temperature, w.uniforms, w.exponential_noise)
+    fused_out, peer_out = allocate_outputs(w), allocate_outputs(w, error_flags=False)
+    fused = kernels.fused_logits_launcher(inputs, fused_out, fast=False)
+    peer = kernels.vllm_v2_style_launcher(inputs, peer_out, fast=False)
+    graph = torch.cuda.CUDAGraph()
+    fused()  # (compiled before the capture)
+    peer()
+    with torch.cuda.graph(graph):
+        fused()
+        peer()
+    for replay in (False, True):
+        parity.poison(fused_out)
+        parity.poison(peer_out)
+        if replay:
+            graph.replay()
+        else:
+            fused()
+            peer()
+        torch.cuda.synchronize()
+        for key in ("output_tokens", "accepted_lengths", "next_tokens"):
+            assert torch.equal(fused_out[key], want[key]), (replay, key)
+            assert torch.equal(peer_out[key], want[key]), (replay, key)
+
+
 def test_programmatic_dependent_launch_is_available_on_hopper():
     """The H100/H200 hosts' Triton takes launch_pdl: fused_logits' default there overlaps its launches."""
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels

@@ -219,6 +219,7 @@ def _row_stats_program(
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr,
+    SKIP_GREEDY_DRAFTS: tl.constexpr,
 ):
     """Pass 1's program (row, s), grid (B·(2γ+1), splits) in `_row_stats_kernel`: columns
     [s·span, min((s+1)·span, V)) of one row, TILE at a time, as TILE/VEC lanes of VEC adjacent logits (one 16-byte load a lane: VEC = 8 bf16 or 4 fp32).
@@ -239,7 +240,11 @@ def _row_stats_program(
     once a sequence; scan "race" below a wave) the partials are the output.
     SCAN (fused_logits, token rule; needs COMBINE): the sequence's last row to be combined (a second arrival
     counter, per sequence) runs the accept scan once for the sequence (`_scan_in_pass_one`), so the race's
-    programs start from k instead of each gathering 2γ logits and scanning."""
+    programs start from k instead of each gathering 2γ logits and scanning.
+    SKIP_GREEDY_DRAFTS (the token rule): a draft row of a request whose target is greedy reads nothing and leaves
+    the empty span's partial (max -inf, Σ 0). Greedy verification needs no q: it accepts x_i iff x_i is the
+    target's argmax (`_accept_scan`), and its next token is row k's argmax, so those γ rows are never needed.
+    (The block rule's weights p/q need q whatever the target: it keeps this off.)"""
     b = (row // (2 * GAMMA + 1)).to(tl.int64)
     r = row % (2 * GAMMA + 1)
     mark = (row * splits + split) * PASS1_MARKS
@@ -255,6 +260,9 @@ def _row_stats_program(
     greedy = temperature == 0
     start = split * span
     end = tl.minimum(start + span, vocab)
+    if SKIP_GREEDY_DRAFTS:
+        if r > GAMMA:  # a draft row: nothing to read where the request's target is greedy (an empty span)
+            end = tl.where(tl.load(target_temp_ptr + b) == 0, start, end)
     lanes = tl.arange(0, TILE // VEC)
     offsets = lanes[:, None] * VEC + tl.arange(0, VEC)[None, :]  # [lanes, VEC]: one 16-byte load a lane
     m = tl.full([TILE // VEC], LOWEST, tl.float32)
@@ -329,6 +337,7 @@ def _row_stats_kernel(
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
+    SKIP_GREEDY_DRAFTS: tl.constexpr,
 ):
     """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s. PDL: the kernel after it
     (launched with launch_pdl) may start its programs as soon as all of pass 1's have started."""
@@ -338,7 +347,7 @@ def _row_stats_kernel(
         stats_sum_ptr, stats_arg_ptr, row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr, draft_tokens_ptr,
         uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, timeline_ptr, seed, vocab, span,
         splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b, GAMMA, TILE, COMBINE,
-        SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE)
+        SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE, SKIP_GREEDY_DRAFTS)
 
 
 @triton.jit
@@ -502,7 +511,9 @@ def _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     u = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
-    rejected = in_draft & ~(u * q < p)
+    # a greedy target's p is one-hot: u·q < 1 holds for any q ≤ 1 and u < 1, so x_i is accepted iff p = 1, and q
+    # (whose draft rows pass 1 may have skipped: SKIP_GREEDY_DRAFTS) is never read
+    rejected = in_draft & ~tl.where(greedy_t, p > 0, u * q < p)
     # k and the bad-id flag in one reduction
     k, bad = tl.reduce((tl.where(rejected, positions, GAMMA), out_of_vocab.to(tl.int32)), 0, _min_max)
     return k, bad
@@ -1046,7 +1057,8 @@ def _one_launch_kernel(
             draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
             arrivals_ptr, draft_tokens_ptr, uniforms_ptr, offsets_ptr, arrivals_ptr, arrivals_ptr, error_flags_ptr,
             done_ptr, seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b,
-            stride_u_b, GAMMA, TILE, False, 1, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH, False)
+            stride_u_b, GAMMA, TILE, False, 1, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH, False,
+            True)
         tl.atomic_add(done_ptr + seq, 1, sem="release")  # after this program's partial
     else:
         done = tl.atomic_add(done_ptr + seq, 0, sem="acquire")
@@ -1381,13 +1393,13 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
 
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,
                   combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None,
-                  timeline: torch.Tensor | None = None, pdl: bool = False):
+                  timeline: torch.Tensor | None = None, pdl: bool = False, skip_greedy_drafts: bool = False):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
     each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
     `_scan_in_pass_one`'s tensors: offsets, sequence_arrivals, stop, error_flags; and fast, seed) the
     sequence's last combined row also runs the accept scan (SCAN). With `timeline` (int64, PASS1_MARKS a program,
     zeroed), a timeline build (`_mark`). pdl: its programs let a kernel launched with launch_pdl after it start
-    (`_let_next_kernel_start`)."""
+    (`_let_next_kernel_start`). skip_greedy_drafts (the token rule): greedy requests' draft rows are not read."""
     batch, gamma, vocab = t.shape
     combine = combined is not None
     device = t.draft_tokens.device
@@ -1409,7 +1421,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
                 SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
                 VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
-                TIMELINE=timeline is not None, PDL=pdl,
+                TIMELINE=timeline is not None, PDL=pdl, SKIP_GREEDY_DRAFTS=skip_greedy_drafts,
                 num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
@@ -1543,7 +1555,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
         marks = (torch.zeros(pass1_slots, dtype=torch.int64, device=device),
                  torch.zeros(batch * race.programs * RACE_MARKS.value, dtype=torch.int64, device=device))
     stats_launch = _stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None,
-                                 scan=pass_one_scan, timeline=None if marks is None else marks[0], pdl=pdl)
+                                 scan=pass_one_scan, timeline=None if marks is None else marks[0], pdl=pdl,
+                                 skip_greedy_drafts=rule == "token")
     launches = [stats_launch]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))
@@ -1688,7 +1701,9 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
     # 1024-column steps in any dtype, as every grid before the 4 KiB step measured it: with that step its one-block
     # programs gained at b = 1 and at b = 32, γ = 8 (by <= 1.4 µs, still behind fused_logits) and lost up to 4%
     # elsewhere (H200, bf16; docs/perf-notes.md, "Session 15")
-    stats_launch = _stats_launch(t, stats, plan, tile=min(block, STATS_TILE))
+    # greedy requests' draft rows skipped as fused_logits skips them (the token rule; the same pass-1 kernel): a peer
+    # no slower for it, whatever vLLM itself reads
+    stats_launch = _stats_launch(t, stats, plan, tile=min(block, STATS_TILE), skip_greedy_drafts=True)
     scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
                  t.uniforms, *stats, stop, stop_stats, offsets, stop, seed, plan.splits, vocab,  # (no flags: stop stands in)
                  t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),

@@ -205,12 +205,14 @@ def design_bytes(cfg: LogitsConfig, design: str, randomness: str = "fast") -> di
     """Bytes each design reads and writes, per step (the roofline numerators), as
     {"read": ..., "written": ...}. Designs:
 
-    - `fused_logits` (sdbench, 2 launches): every logit once; then at the stopping row k the target
-      row and (below γ) the draft row again (2 rows per sequence, worst case), plus supplied noise.
-      With cfg.rule "block" the residual-mass pass reads target and draft rows 1..γ-1 again for every
-      request whose target temperature is > 0 (a greedy target needs no mass).
-    - `vllm_v2_style` (4 launches): the same logit reads, plus the per-block partials written and read
-      back and the per-block race winners (small).
+    - `fused_logits` (sdbench, 2 launches): every logit once, except (the token rule) the γ draft rows of a
+      request whose target is greedy, which greedy verification never needs; then, for a request whose target is
+      sampled, the stopping row k's target row and (below γ) draft row again (2 rows, worst case), plus supplied
+      noise. With cfg.rule "block" every draft row is read, and the residual-mass pass reads target and draft rows
+      1..γ-1 again for every request whose target is sampled (a greedy target needs no mass); the race reads rows k
+      of every request (2 rows, worst case).
+    - `vllm_v2_style` (4 launches): the token rule's logit reads (its pass 1 is fused_logits' own kernel), plus the
+      per-block partials written and read back and the per-block race winners (small).
     - `softmax_then_prob` (eager, FlashInfer, prob `fused`): the logits read, float32 probabilities
       written ([B, 2γ+1, V]·4), then the probability sampler's reads (2 scalars per draft, 2 rows at k).
     """
@@ -218,13 +220,17 @@ def design_bytes(cfg: LogitsConfig, design: str, randomness: str = "fast") -> di
     floor = logits_read_floor_bytes(cfg)
     row_bytes = vocab * cfg.element_bytes
     noise = batch * vocab * 4 + batch * gamma * 4 if randomness == "supplied" else 0
+    sampled = sum(1 for b in range(batch) if cfg.temperatures[b % len(cfg.temperatures)] > 0)
+    # the token rule's reads: greedy requests' draft rows skipped in pass 1, sampled requests' rows k read again
+    token_reads = floor - (batch - sampled) * gamma * row_bytes + sampled * 2 * row_bytes + noise
     if design == "fused_logits":
-        sampled = sum(1 for b in range(batch) if cfg.temperatures[b % len(cfg.temperatures)] > 0)
-        mass = sampled * 2 * (gamma - 1) * row_bytes if cfg.rule == "block" else 0
-        return {"read": floor + mass + batch * 2 * row_bytes + noise, "written": 0}
+        if cfg.rule == "block":
+            mass = sampled * 2 * (gamma - 1) * row_bytes
+            return {"read": floor + mass + batch * 2 * row_bytes + noise, "written": 0}
+        return {"read": token_reads, "written": 0}
     if design == "vllm_v2_style":
         partials = batch * (2 * gamma + 1) * -(-vocab // VLLM_BLOCK) * 12
-        return {"read": floor + batch * 2 * row_bytes + noise + partials, "written": partials}
+        return {"read": token_reads + partials, "written": partials}
     if design == "softmax_then_prob":
         probs = batch * (2 * gamma + 1) * vocab * 4
         return {"read": floor + batch * 2 * vocab * 4 + batch * gamma * 8 + noise, "written": probs}

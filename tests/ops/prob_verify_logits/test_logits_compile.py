@@ -55,11 +55,12 @@ def _kernels():
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("vec", [4, 8])  # float32 and bfloat16 logits: 16 bytes a lane
 @pytest.mark.parametrize("pdl", [True, False])  # programmatic dependent launch: pass 1 lets the next kernel start
-def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, pdl):
+@pytest.mark.parametrize("skip", [True, False])  # greedy requests' draft rows not read (the token rule)
+def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, pdl, skip):
     kernels = _kernels()
     constexprs = {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4, "SCAN": scan, "GAMMA_PAD": 8,
                   "R_PAD": 32, "PRECISE_MATH": True, "FAST": fast, "VEC": vec, "FTZ_EXP2": True, "TIMELINE": timeline,
-                  "PDL": pdl}
+                  "PDL": pdl, "SKIP_GREEDY_DRAFTS": skip}
     ptx = _compile(kernels._row_stats_kernel, constexprs).asm["ptx"]
     assert "_row_stats_kernel" in ptx and ("%globaltimer" in ptx) == timeline
     assert ("griddepcontrol.launch_dependents" in ptx) == pdl and "griddepcontrol.wait" not in ptx

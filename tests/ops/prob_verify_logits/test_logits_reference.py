@@ -133,17 +133,22 @@ def test_roofline_bytes():
     assert logits_read_floor_bytes(cfg) == 32 * 17 * 128256 * 2  # ~140 MB: every logit once
     fused = design_bytes(cfg, "fused_logits")
     softmax = design_bytes(cfg, "softmax_then_prob")
-    assert fused["read"] == logits_read_floor_bytes(cfg) + 32 * 2 * 128256 * 2 and fused["written"] == 0
+    row = 128256 * 2
+    # 8 of the 32 requests are greedy (temperatures cycled): their 8 draft rows are not read, and only the 24
+    # sampled requests read their rows k again
+    assert fused["read"] == logits_read_floor_bytes(cfg) - 8 * 8 * row + 24 * 2 * row and fused["written"] == 0
+    all_greedy = cfg.replace(temperatures=(0.0,))
+    assert design_bytes(all_greedy, "fused_logits")["read"] == 32 * 9 * row  # the target rows alone
     assert softmax["written"] == 32 * 17 * 128256 * 4 and softmax["read"] > fused["read"]
     with pytest.raises(SdbenchError, match="design"):
         design_bytes(cfg, "magic")
 
 
-def test_block_rule_rereads_rows_1_to_gamma_minus_1_of_sampled_requests():
+def test_block_rule_reads_every_row_and_rereads_rows_1_to_gamma_minus_1_of_sampled_requests():
     cfg = LogitsConfig(32, 8, vocab_size=128256, logits_dtype="bfloat16", rule="block")  # 8 of 32 requests greedy
-    token = design_bytes(cfg.replace(rule="token"), "fused_logits")["read"]
-    assert design_bytes(cfg, "fused_logits")["read"] - token == 24 * 2 * 7 * 128256 * 2
-    assert design_bytes(cfg.replace(temperatures=(0.0,)), "fused_logits")["read"] == token
+    row, floor = 128256 * 2, logits_read_floor_bytes(cfg)
+    assert design_bytes(cfg, "fused_logits")["read"] == floor + 24 * 2 * 7 * row + 32 * 2 * row
+    assert design_bytes(cfg.replace(temperatures=(0.0,)), "fused_logits")["read"] == floor + 32 * 2 * row
 
 
 def test_benchmark_grid_is_the_issues_grid():

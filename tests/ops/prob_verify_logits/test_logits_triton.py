@@ -41,7 +41,7 @@ PARITY_CONFIGS = {
 FAST_CASES = ("fused_logits_fast_advances_its_offset", "vllm_v2_style_fast_advances_its_offset",
               "fused_logits_fast_equals_vllm_v2_style_fast",
               "fused_logits_leaves_scratch_clean", "stats_plan_covers_the_row", "fused_logits_any_split_agrees",
-              "row_stats_match_float64", "fused_logits_one_launch_agrees")
+              "row_stats_match_float64", "fused_logits_one_launch_agrees", "greedy_requests_need_no_draft_rows")
 # rule="block" in fused_logits; "greedy_drafts" zeroes the draft temperature of every other request and
 # "bad_tokens" writes draft ids outside [0, V) (both edits in _block_workload).
 BLOCK_PARITY_CONFIGS = {
@@ -277,8 +277,43 @@ def _run_cases() -> dict[str, str | None]:
                 failures.append(f"fast {sample}: offsets {launch.philox_offsets.tolist()} after two calls")
         return "; ".join(failures) or None
 
+    def greedy_drafts_unread():
+        """The token rule never needs a greedy request's draft rows: with NaN written over them, fused_logits (every
+        scan placement, combined or not, and the one launch) and vllm_v2_style still give the reference's outputs on
+        the clean inputs. (The reference itself would reject: u·NaN < 1 is false.) Must-fail: NaN over a sampled
+        request's draft row 0 changes fused_logits' outputs."""
+        w = make_logits_workload(LogitsConfig(5, 3, vocab_size=300, seed=24))  # requests 0 and 4 greedy
+        want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                            w.draft_temperature, w.uniforms, w.exponential_noise)
+        greedy = w.target_temperature == 0
+        assert greedy.tolist() == [True, False, False, False, True]
+        poisoned = w.draft_logits.clone()
+        poisoned[greedy] = float("nan")
+        inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, poisoned, w.target_temperature,
+                                       w.draft_temperature, w.uniforms, w.exponential_noise)
+        failures = []
+        runs = {f"scan {scan} combine {combine}": dict(scan=scan, combine=combine)
+                for scan, combine in (("race", True), ("race", False), ("pass1", True), ("kernel", None))}
+        runs["one launch"] = dict(single=True)
+        for name, options in runs.items():
+            outputs = allocate_outputs(w)
+            kernels.fused_logits_launcher(inputs, outputs, fast=False, **options)()
+            if not all(torch.equal(outputs[key], want[key]) for key in ("output_tokens", "accepted_lengths")):
+                failures.append(f"{name}: {outputs['output_tokens'].tolist()} != {want['output_tokens'].tolist()}")
+        peer = allocate_outputs(w, error_flags=False)
+        kernels.vllm_v2_style_launcher(inputs, peer, fast=False)()
+        if not torch.equal(peer["output_tokens"], want["output_tokens"]):
+            failures.append(f"vllm_v2_style: {peer['output_tokens'].tolist()} != {want['output_tokens'].tolist()}")
+        poisoned[1, 0] = float("nan")  # a sampled request's draft row: read, so its NaN must show
+        outputs = allocate_outputs(w)
+        kernels.fused_logits_launcher(inputs, outputs, fast=False)()
+        if torch.equal(outputs["output_tokens"], want["output_tokens"]):
+            failures.append("NaN in a sampled request's draft row changed nothing: the rows are not what was read")
+        return "; ".join(failures) or None
+
     for case, run in zip(FAST_CASES, (deterministic, vllm_advances, equals_vllm, scratch_clean, plan_covers, any_split,
-                                      lambda: _row_stats_failures(kernels), one_launch), strict=True):
+                                      lambda: _row_stats_failures(kernels), one_launch, greedy_drafts_unread),
+                         strict=True):
         record(case, run)
     _run_block_cases(record, snapshot)
     return verdicts
@@ -342,6 +377,17 @@ def _row_stats_failures(kernels) -> str | None:
                         and torch.equal(a[greedy], want_arg[greedy].to(a.dtype)) and not arrivals.any()):
                     failures.append(f"{dtype} span {span} call {call}: combined {m.tolist()}, {s.tolist()}, "
                                     f"{a.tolist()}, arrivals {arrivals.tolist()}")
+            # the token rule's skip: a greedy request's draft rows (request 0's rows 3 and 4) sweep an empty span and
+            # leave (-inf, 0, no index) in every split; every other partial is the one read above, bit for bit
+            skipped = kernels.allocate_stats(3, 2, plan.splits, target.device)
+            kernels._stats_launch(inputs, skipped, plan, skip_greedy_drafts=True)()
+            empty = torch.zeros(3, 5, dtype=torch.bool)
+            empty[0, 3:] = True
+            for name, part, read, blank in zip(("max", "sum", "arg"), skipped, stats, (float("-inf"), 0.0, 2**31 - 1),
+                                               strict=True):
+                part, read = part.view(3, 5, plan.splits), read.view(3, 5, plan.splits)
+                if not (bool((part[empty] == blank).all()) and torch.equal(part[~empty], read[~empty])):
+                    failures.append(f"{dtype} span {span}: skipped {name} partials {part.tolist()}")
     return "; ".join(failures) or None
 
 
