@@ -11,7 +11,9 @@ float32 rounding, see reference.py):
      row (target rows 0..γ, then draft rows 0..γ-1) in steps of `stats_tile` columns (4 KiB), each lane of 16 bytes
      keeping its own online max and Σexp(z - max) (no reduction inside the loop) and (greedy rows) the
      first argmax of z = logits·(1/T). Writes one partial (max, sumexp, argmax) per program. Every logit
-     is read once: this is the floor, and the kernel is a pure stream. The split aims at STATS_WAVES
+     is read once: this is the floor, and the kernel is a pure stream. Under the token rule a greedy request's
+     draft rows are not read at all (SKIP_GREEDY_DRAFTS): greedy verification accepts x_i iff it is the target's
+     argmax and needs no q. The split aims at STATS_WAVES
      waves of the programs an SM holds (the compiled kernel's registers decide how many).
   2. The accept scan (`scan`, `default_scan`): where the race fills the machine, `_scan_kernel`, grid
      (B,), combines each sequence's partials, scans to k, and writes k, row k's normalisers and the bad-id
