@@ -14,7 +14,7 @@ below one wave),
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
 unless a scan is named), `pdl` / `nopdl` (the scan kernel and the race launched with programmatic dependent
 launch, or not), `tokens-first` / `tokens-last` (a race that scans loads the draft tokens' logits before or after
-the rows' stats), `rowsklast` (pass 1 reads the rows a rejection most likely stops at last), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
+the rows' stats), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
 `r<ROWS>x<N>`, `lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N
 registers a thread); `default` changes nothing.
 Each (point, variant, L2) prints one line: the median call's device time (`total`: the time its kernels cover,
@@ -85,8 +85,6 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             changes["pdl"] = part == "pdl"
         elif part in ("tokens-first", "tokens-last"):
             changes["tokens_first"] = part == "tokens-first"
-        elif part == "rowsklast":
-            changes["rows_k_last"] = True
         elif part == "one":
             changes["single"] = True
         elif part.startswith("reg"):

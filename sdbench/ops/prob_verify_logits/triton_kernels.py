@@ -339,39 +339,17 @@ def _row_stats_kernel(
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
-    SKIP_GREEDY_DRAFTS: tl.constexpr, ROWS_K_LAST: tl.constexpr,
+    SKIP_GREEDY_DRAFTS: tl.constexpr,
 ):
     """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s. PDL: the kernel after it
-    (launched with launch_pdl) may start its programs as soon as all of pass 1's have started.
-    ROWS_K_LAST: a 1-D grid of B·(2γ+1)·splits programs, a row's splits adjacent and the rows in `_rows_k_last`'s
-    order, so the rows a rejection most likely stops at are read last and are still in L2 when the race reads
-    them again; otherwise grid (rows, splits), whose last wave reads the last columns of every row."""
+    (launched with launch_pdl) may start its programs as soon as all of pass 1's have started."""
     _let_next_kernel_start(PDL)
-    if ROWS_K_LAST:
-        row = _rows_k_last(tl.program_id(0) // splits, tl.num_programs(0) // splits // (2 * GAMMA + 1), GAMMA)
-        split = tl.program_id(0) % splits
-    else:
-        row = tl.program_id(0)
-        split = tl.program_id(1)
     _row_stats_program(
-        row, split, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr,
+        tl.program_id(0), tl.program_id(1), target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr,
         stats_sum_ptr, stats_arg_ptr, row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr, draft_tokens_ptr,
         uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, timeline_ptr, seed, vocab, span,
         splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b, GAMMA, TILE, COMBINE,
         SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE, SKIP_GREEDY_DRAFTS)
-
-
-@triton.jit
-def _rows_k_last(launch_row, batch, GAMMA: tl.constexpr):
-    """The logits row (b·(2γ+1) + r) that pass 1 reads as its launch_row-th, rows of one position together over
-    the batch: target row γ first, then target and draft rows j = γ-1, γ-2, ..., 0. The race reads the target and
-    draft rows at the first rejection k, and small k are the likely ones (P(k = j) falls with j: each draft is
-    accepted with probability at most 1), so rows 0 and 1 come last."""
-    position = launch_row // batch
-    b = launch_row % batch
-    j = GAMMA - 1 - (position - 1) // 2
-    r = tl.where(position == 0, GAMMA, tl.where((position - 1) % 2 == 0, j, GAMMA + 1 + j))
-    return b * (2 * GAMMA + 1) + r
 
 
 @triton.jit
@@ -1417,15 +1395,13 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
 
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,
                   combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None,
-                  timeline: torch.Tensor | None = None, pdl: bool = False, skip_greedy_drafts: bool = False,
-                  rows_k_last: bool = False):
+                  timeline: torch.Tensor | None = None, pdl: bool = False, skip_greedy_drafts: bool = False):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
     each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
     `_scan_in_pass_one`'s tensors: offsets, sequence_arrivals, stop, error_flags; and fast, seed) the
     sequence's last combined row also runs the accept scan (SCAN). With `timeline` (int64, PASS1_MARKS a program,
     zeroed), a timeline build (`_mark`). pdl: its programs let a kernel launched with launch_pdl after it start
-    (`_let_next_kernel_start`). skip_greedy_drafts (the token rule): greedy requests' draft rows are not read.
-    rows_k_last: the rows a rejection most likely stops at read last (`_rows_k_last`)."""
+    (`_let_next_kernel_start`). skip_greedy_drafts (the token rule): greedy requests' draft rows are not read."""
     batch, gamma, vocab = t.shape
     combine = combined is not None
     device = t.draft_tokens.device
@@ -1447,11 +1423,9 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
                 SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
                 VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
-                TIMELINE=timeline is not None, PDL=pdl, SKIP_GREEDY_DRAFTS=skip_greedy_drafts, ROWS_K_LAST=rows_k_last,
+                TIMELINE=timeline is not None, PDL=pdl, SKIP_GREEDY_DRAFTS=skip_greedy_drafts,
                 num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
-    rows = batch * (2 * gamma + 1)
-    grid = (rows * plan.splits,) if rows_k_last else (rows, plan.splits)
-    return BoundLaunch(_row_stats_kernel, grid, args, meta, device)
+    return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
 
 def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int = 0,
@@ -1460,7 +1434,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           scan: str | None = None, sample: str | None = None, combine: bool | None = None,
                           stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
                           lag: int | None = None, maxnreg: int | None = None, timeline: bool = False,
-                          pdl: bool | None = None, tokens_first: bool | None = None, rows_k_last: bool = False):
+                          pdl: bool | None = None, tokens_first: bool | None = None):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1484,9 +1458,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     start and input loads overlap the kernel ahead of it (`_wait_for_prior_kernel`); None: where `pdl_available`.
     tokens_first (a race that scans: scan "race", the block rule): its programs load the draft tokens and their
     logits before the rows' stats (with PDL, during the wait); None: `default_tokens_first` (docs/perf-notes.md,
-    "Session 23" and "Session 24").
-    rows_k_last (two launches): pass 1 reads the rows a rejection most likely stops at last (`_rows_k_last`), so
-    the race finds them in L2 where the logits outgrow it."""
+    "Session 23" and "Session 24")."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
@@ -1499,8 +1471,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             raise ValueError("stats_max_splits shapes the two-launch pass-1 plan; single=True plans its own")
         if pdl:
             raise ValueError("pdl overlaps one launch with the next: single=True has one launch")
-        if tokens_first is not None or rows_k_last:
-            raise ValueError("tokens_first and rows_k_last order the two launches' loads: single=True has its own")
+        if tokens_first is not None:
+            raise ValueError("tokens_first orders the two-launch race's loads: single=True has its own")
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
     if lag is not None or maxnreg is not None:
         raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
@@ -1533,7 +1505,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                  combine, timeline, pdl, tokens_first, rows_k_last)
+                                  combine, timeline, pdl, tokens_first)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
@@ -1544,7 +1516,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm)
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                          combine, timeline, pdl, tokens_first, rows_k_last)
+                                          combine, timeline, pdl, tokens_first)
         # (from the kernels compiled with the first plans: the race's registers can move a little with its steps)
         launch.programs_per_sm = (stats_per_sm, race_per_sm)
     return launch
@@ -1553,7 +1525,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
                          sample: str | None, combine: bool, timeline: bool = False, pdl: bool = False,
-                         tokens_first: bool | None = None, rows_k_last: bool = False):
+                         tokens_first: bool | None = None):
     """fused_logits_launcher with every choice made (tokens_first None: `default_tokens_first`)."""
     cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
@@ -1586,7 +1558,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                  torch.zeros(batch * race.programs * RACE_MARKS.value, dtype=torch.int64, device=device))
     stats_launch = _stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None,
                                  scan=pass_one_scan, timeline=None if marks is None else marks[0], pdl=pdl,
-                                 skip_greedy_drafts=rule == "token", rows_k_last=rows_k_last)
+                                 skip_greedy_drafts=rule == "token")
     launches = [stats_launch]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))

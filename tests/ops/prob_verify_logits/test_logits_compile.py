@@ -56,12 +56,11 @@ def _kernels():
 @pytest.mark.parametrize("vec", [4, 8])  # float32 and bfloat16 logits: 16 bytes a lane
 @pytest.mark.parametrize("pdl", [True, False])  # programmatic dependent launch: pass 1 lets the next kernel start
 @pytest.mark.parametrize("skip", [True, False])  # greedy requests' draft rows not read (the token rule)
-@pytest.mark.parametrize("rows_k_last", [True, False])  # a 1-D grid in `_rows_k_last`'s row order
-def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, pdl, skip, rows_k_last):
+def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, pdl, skip):
     kernels = _kernels()
     constexprs = {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4, "SCAN": scan, "GAMMA_PAD": 8,
                   "R_PAD": 32, "PRECISE_MATH": True, "FAST": fast, "VEC": vec, "FTZ_EXP2": True, "TIMELINE": timeline,
-                  "PDL": pdl, "SKIP_GREEDY_DRAFTS": skip, "ROWS_K_LAST": rows_k_last}
+                  "PDL": pdl, "SKIP_GREEDY_DRAFTS": skip}
     ptx = _compile(kernels._row_stats_kernel, constexprs).asm["ptx"]
     assert "_row_stats_kernel" in ptx and ("%globaltimer" in ptx) == timeline
     assert ("griddepcontrol.launch_dependents" in ptx) == pdl and "griddepcontrol.wait" not in ptx
