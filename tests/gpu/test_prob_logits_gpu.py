@@ -153,23 +153,35 @@ def test_where_the_scan_runs_changes_no_output(randomness):
     assert int(results[0][1]["error_flags"][3]) != 0
 
 
+@pytest.mark.parametrize("shift", [0, 1])
 @pytest.mark.parametrize("point", [(32, 8, 32000, "bfloat16"), (1, 16, 151936, "float32"), (512, 4, 32000, "bfloat16")],
                          ids=lambda p: "b{}-g{}-v{}-{}".format(*p))
-def test_greedy_requests_need_no_draft_rows(point):
-    """The token rule skips a greedy request's draft rows: with NaN over them, fused_logits (its default plans, so
+def test_greedy_requests_need_no_draft_rows(point, shift):
+    """The token rule skips a greedy target's draft rows: with NaN over them, fused_logits (its default plans, so
     PDL and the scan placement the size picks) and vllm_v2_style give the reference's outputs on the clean inputs,
-    in supplied randomness, eager and replayed in a graph. b = 1: the grid's one request is greedy (every draft row
-    skipped); b = 512: the scan kernel."""
+    in supplied randomness, eager and replayed in a graph. shift 1 rolls the draft temperatures by one request, so
+    greedy targets meet sampled drafts and sampled targets greedy drafts (proposing the draft's argmax). The workload
+    is checked to be sensitive: a greedy target accepts a draft, and (shift 1) a sampled target rejects its greedy
+    draft's argmax. b = 1: the grid's one request is greedy (every draft row skipped); b = 512: the scan kernel."""
     from sdbench.ops.prob_verify_logits import reference
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
     batch, gamma, vocab, dtype = point
-    w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, seed=64), DEVICE)
+    if batch == 1 and shift:
+        pytest.skip("one request: rolling the temperatures changes nothing")
+    # (b = 1: less draft noise, so that its one greedy request accepts some of its drafts: 9 of 16)
+    cfg = LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, draft_noise=0.1 if batch == 1 else 0.3,
+                       seed=64)
+    w = make_logits_workload(cfg, DEVICE)
+    w.draft_temperature.copy_(w.target_temperature.roll(shift))
+    greedy, greedy_draft = w.target_temperature == 0, w.draft_temperature == 0
+    w.draft_tokens[greedy_draft] = w.draft_logits[greedy_draft].argmax(dim=2).to(w.draft_tokens.dtype)
     want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                         w.draft_temperature, w.uniforms, w.exponential_noise)
-    greedy = w.target_temperature == 0
-    assert bool(greedy.any())
+    assert bool((want["accepted_lengths"][greedy] > 0).any())
+    if shift:
+        assert bool((want["accepted_lengths"][~greedy & greedy_draft] < gamma).any())
     w.draft_logits[greedy] = float("nan")
     inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                    w.draft_temperature, w.uniforms, w.exponential_noise)

@@ -6,8 +6,11 @@ From logits to distributions, per request b and row r (float32 arithmetic for an
 Then the probability rules, on the same supplied randomness as sdbench.ops.prob_verify:
 - rule "token": Leviathan's token-wise rule, sdbench.ops.prob_verify.reference.prob_verify (accept
   draft i iff u_i·q_i(x_i) < p_i(x_i); the residual race at the first rejection; the bonus race).
-  For a greedy target this is greedy verification: p_i(x_i) is 1 iff x_i = argmax, and the race at
-  row k over max(0, onehot - q) picks the argmax.
+  For a greedy target this is greedy verification: x_i is accepted iff it is the argmax, and the next
+  token is row k's argmax. The draft's distribution does not enter it, so q := 0 for such a request
+  (then u·0 < p iff p = 1, for every u; before, u·q < 1 gave the same for u in [0, 1) and any q ≤ 1), and a
+  kernel need not read those draft logits (fused_logits does not). The block rule keeps q (its weights
+  p/q need it).
 - rule "block": Sun et al., "Block Verification Accelerates Speculative Decoding" (ICLR 2025),
   sdbench.ops.prob_verify.reference.block_stop (η_i = uniforms[:, i-1]), on the same p and q: the
   probability reference's prob_verify(..., rule="block"), so both inputs share one definition.
@@ -55,6 +58,8 @@ def prob_verify_logits(
     """
     target_probs = temperature_probs(target_logits, target_temperature, compute_dtype)
     draft_probs = temperature_probs(draft_logits, draft_temperature, compute_dtype)
+    if rule == "token":  # a greedy target's drafts stand or fall by its argmax alone (the module's docstring)
+        draft_probs = torch.where((target_temperature == 0)[:, None, None], 0.0, draft_probs)
     return prob_verify(draft_tokens, target_probs, draft_probs, uniforms, exponential_noise, rule=rule,
                        compute_dtype=compute_dtype)
 

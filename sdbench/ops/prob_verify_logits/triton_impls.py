@@ -82,8 +82,9 @@ register(Implementation(
     op="prob_verify_logits", name="fused_logits", backend="triton", devices=ANY_DEVICE, probe=_triton_probe,
     launch_path="triton_bound",
     launches=2,  # the token rule; the block rule adds its residual-mass pass (3 when γ > 1)
-    description="sdbench: one stream over every logit (row max/Σexp partials), then scan + split race at row k "
-                "(rule=block: a second stream for the residual masses r_i between them)",
+    description="sdbench: one stream over the logits (row max/Σexp partials; rule=token skips greedy requests' draft "
+                "rows), then scan + split race at row k (rule=block: a second stream for the residual masses r_i "
+                "between them)",
     prepare=_prepare_fused_logits,
 ))
 register(Implementation(

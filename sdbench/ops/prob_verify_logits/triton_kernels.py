@@ -6,12 +6,13 @@ float32 rounding, see reference.py):
 
 - fused_logits (sdbench, 2 launches, 3 where the race fills the machine). The dependency: the accept
   test at position i needs p_i(x_i) and q_i(x_i), i.e. the softmax normalisers (max, Σexp) of target
-  row i and draft row i, and the first rejection k needs all of them; the race at k needs rows k again. So:
+  row i and draft row i (a greedy target's only its argmax: it needs no q), and the first rejection k needs
+  all of them; the race at k needs rows k again. So:
   1. `_row_stats_kernel`, grid (B·(2γ+1), splits): program (row, s) sweeps its span of one logits
      row (target rows 0..γ, then draft rows 0..γ-1) in steps of `stats_tile` columns (4 KiB), each lane of 16 bytes
      keeping its own online max and Σexp(z - max) (no reduction inside the loop) and (greedy rows) the
      first argmax of z = logits·(1/T). Writes one partial (max, sumexp, argmax) per program. Every logit
-     is read once: this is the floor, and the kernel is a pure stream. Under the token rule a greedy request's
+     is read at most once, and the kernel is a pure stream. Under the token rule a greedy request's
      draft rows are not read at all (SKIP_GREEDY_DRAFTS): greedy verification accepts x_i iff it is the target's
      argmax and needs no q. The split aims at STATS_WAVES
      waves of the programs an SM holds (the compiled kernel's registers decide how many).

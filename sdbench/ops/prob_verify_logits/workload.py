@@ -195,9 +195,11 @@ def _finish_logits_workload(cfg, target, draft, draft_tokens, temperature, gen) 
 
 # --- roofline and the benchmark grid -----------------------------------------------------------
 def logits_read_floor_bytes(cfg: LogitsConfig) -> int:
-    """The bytes any from-logits design must move: every target and draft logit once (the softmax
-    normalisers need every row a rejection could stop at, and the scan needs them all before it
-    knows k). Temperatures, token ids, uniforms and outputs (< 0.1%) are not counted."""
+    """The issue's read floor: every target and draft logit once (the softmax normalisers need every row a
+    rejection could stop at, and the scan needs them all before it knows k). Under the token rule a greedy
+    request's draft rows are not needed at all (reference.py), so a design may read less than this
+    (`design_bytes` counts what each reads). Temperatures, token ids, uniforms and outputs (< 0.1%) are not
+    counted."""
     return cfg.batch_size * (2 * cfg.gamma + 1) * cfg.vocab_size * cfg.element_bytes
 
 
@@ -209,8 +211,8 @@ def design_bytes(cfg: LogitsConfig, design: str, randomness: str = "fast") -> di
       request whose target is greedy, which greedy verification never needs; then, for a request whose target is
       sampled, the stopping row k's target row and (below γ) draft row again (2 rows, worst case), plus supplied
       noise. With cfg.rule "block" every draft row is read, and the residual-mass pass reads target and draft rows
-      1..γ-1 again for every request whose target is sampled (a greedy target needs no mass); the race reads rows k
-      of every request (2 rows, worst case).
+      1..γ-1 again for every request whose target is sampled (a greedy target needs no mass), as the race reads
+      rows k (2 rows, worst case) of those requests only.
     - `vllm_v2_style` (4 launches): the token rule's logit reads (its pass 1 is fused_logits' own kernel), plus the
       per-block partials written and read back and the per-block race winners (small).
     - `softmax_then_prob` (eager, FlashInfer, prob `fused`): the logits read, float32 probabilities
@@ -226,7 +228,7 @@ def design_bytes(cfg: LogitsConfig, design: str, randomness: str = "fast") -> di
     if design == "fused_logits":
         if cfg.rule == "block":
             mass = sampled * 2 * (gamma - 1) * row_bytes
-            return {"read": floor + mass + batch * 2 * row_bytes + noise, "written": 0}
+            return {"read": floor + mass + sampled * 2 * row_bytes + noise, "written": 0}
         return {"read": token_reads, "written": 0}
     if design == "vllm_v2_style":
         partials = batch * (2 * gamma + 1) * -(-vocab // VLLM_BLOCK) * 12

@@ -147,8 +147,8 @@ def test_roofline_bytes():
 def test_block_rule_reads_every_row_and_rereads_rows_1_to_gamma_minus_1_of_sampled_requests():
     cfg = LogitsConfig(32, 8, vocab_size=128256, logits_dtype="bfloat16", rule="block")  # 8 of 32 requests greedy
     row, floor = 128256 * 2, logits_read_floor_bytes(cfg)
-    assert design_bytes(cfg, "fused_logits")["read"] == floor + 24 * 2 * 7 * row + 32 * 2 * row
-    assert design_bytes(cfg.replace(temperatures=(0.0,)), "fused_logits")["read"] == floor + 32 * 2 * row
+    assert design_bytes(cfg, "fused_logits")["read"] == floor + 24 * 2 * 7 * row + 24 * 2 * row
+    assert design_bytes(cfg.replace(temperatures=(0.0,)), "fused_logits")["read"] == floor  # no mass, no rows k
 
 
 def test_benchmark_grid_is_the_issues_grid():

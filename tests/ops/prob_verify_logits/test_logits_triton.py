@@ -278,37 +278,62 @@ def _run_cases() -> dict[str, str | None]:
         return "; ".join(failures) or None
 
     def greedy_drafts_unread():
-        """The token rule never needs a greedy request's draft rows: with NaN written over them, fused_logits (every
-        scan placement, combined or not, and the one launch) and vllm_v2_style still give the reference's outputs on
-        the clean inputs. (The reference itself would reject: u·NaN < 1 is false.) Must-fail: NaN over a sampled
-        request's draft row 0 changes fused_logits' outputs."""
-        w = make_logits_workload(LogitsConfig(5, 3, vocab_size=300, seed=24))  # requests 0 and 4 greedy
-        want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
-                                            w.draft_temperature, w.uniforms, w.exponential_noise)
-        greedy = w.target_temperature == 0
-        assert greedy.tolist() == [True, False, False, False, True]
-        poisoned = w.draft_logits.clone()
-        poisoned[greedy] = float("nan")
-        inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, poisoned, w.target_temperature,
-                                       w.draft_temperature, w.uniforms, w.exponential_noise)
+        """The token rule never needs a greedy target's draft rows. Three temperature pairings of one batch: the
+        draft's as the target's (the workloads'), and rolled by one and two requests, so that greedy targets meet
+        sampled drafts and sampled targets meet greedy drafts (whose drafts are then set to the draft's argmax, as
+        a greedy draft proposes). With NaN over every greedy target's draft rows, fused_logits (every scan
+        placement, combined or not, and the one launch) and vllm_v2_style give the reference's outputs, and the
+        reference gives the same on the clean rows (q := 0 there). The workload is sensitive: some greedy target
+        accepts a draft (an accept test that read the skipped rows' q would reject it) and some sampled target
+        rejects its greedy draft's argmax (a skip keyed on the draft's temperature would accept it). Must-fail: NaN
+        over a sampled target's draft row 0 changes fused_logits' outputs."""
         failures = []
+        base = make_logits_workload(LogitsConfig(5, 3, vocab_size=300, draft_noise=0.3, seed=24))
+        greedy = base.target_temperature == 0
+        assert greedy.tolist() == [True, False, False, False, True]
         runs = {f"scan {scan} combine {combine}": dict(scan=scan, combine=combine)
                 for scan, combine in (("race", True), ("race", False), ("pass1", True), ("kernel", None))}
         runs["one launch"] = dict(single=True)
-        for name, options in runs.items():
-            outputs = allocate_outputs(w)
-            kernels.fused_logits_launcher(inputs, outputs, fast=False, **options)()
-            if not all(torch.equal(outputs[key], want[key]) for key in ("output_tokens", "accepted_lengths")):
-                failures.append(f"{name}: {outputs['output_tokens'].tolist()} != {want['output_tokens'].tolist()}")
-        peer = allocate_outputs(w, error_flags=False)
-        kernels.vllm_v2_style_launcher(inputs, peer, fast=False)()
-        if not torch.equal(peer["output_tokens"], want["output_tokens"]):
-            failures.append(f"vllm_v2_style: {peer['output_tokens'].tolist()} != {want['output_tokens'].tolist()}")
-        poisoned[1, 0] = float("nan")  # a sampled request's draft row: read, so its NaN must show
-        outputs = allocate_outputs(w)
-        kernels.fused_logits_launcher(inputs, outputs, fast=False)()
-        if torch.equal(outputs["output_tokens"], want["output_tokens"]):
-            failures.append("NaN in a sampled request's draft row changed nothing: the rows are not what was read")
+        greedy_accepts = sampled_rejects = 0
+        for shift in (0, 1, 2):
+            draft_temperature = base.target_temperature.roll(shift)
+            draft_tokens = base.draft_tokens.clone()
+            greedy_draft = draft_temperature == 0
+            draft_tokens[greedy_draft] = base.draft_logits[greedy_draft].argmax(dim=2).to(draft_tokens.dtype)
+            clean = (draft_tokens, base.target_logits, base.draft_logits, base.target_temperature, draft_temperature,
+                     base.uniforms, base.exponential_noise)
+            want = reference.prob_verify_logits(*clean)
+            poisoned = base.draft_logits.clone()
+            poisoned[greedy] = float("nan")
+            inputs = kernels.LogitsTensors(draft_tokens, base.target_logits, poisoned, base.target_temperature,
+                                           draft_temperature, base.uniforms, base.exponential_noise)
+            if not torch.equal(reference.prob_verify_logits(draft_tokens, base.target_logits, poisoned,
+                                                            base.target_temperature, draft_temperature, base.uniforms,
+                                                            base.exponential_noise)["output_tokens"],
+                               want["output_tokens"]):
+                failures.append(f"shift {shift}: the reference read a greedy target's draft rows")
+            greedy_accepts += int((want["accepted_lengths"][greedy] > 0).sum())
+            sampled_rejects += int((want["accepted_lengths"][~greedy & greedy_draft] < 3).sum())
+            for name, options in runs.items():
+                outputs = allocate_outputs(base)
+                kernels.fused_logits_launcher(inputs, outputs, fast=False, **options)()
+                if not all(torch.equal(outputs[key], want[key]) for key in ("output_tokens", "accepted_lengths")):
+                    failures.append(f"shift {shift} {name}: {outputs['output_tokens'].tolist()} != "
+                                    f"{want['output_tokens'].tolist()}")
+            peer = allocate_outputs(base, error_flags=False)
+            kernels.vllm_v2_style_launcher(inputs, peer, fast=False)()
+            if not torch.equal(peer["output_tokens"], want["output_tokens"]):
+                failures.append(f"shift {shift} vllm_v2_style: {peer['output_tokens'].tolist()} != "
+                                f"{want['output_tokens'].tolist()}")
+            if shift == 0:
+                poisoned[1, 0] = float("nan")  # a sampled target's draft row: read, so its NaN must show
+                outputs = allocate_outputs(base)
+                kernels.fused_logits_launcher(inputs, outputs, fast=False)()
+                if torch.equal(outputs["output_tokens"], want["output_tokens"]):
+                    failures.append("NaN in a sampled target's draft row changed nothing: the rows read are others")
+        if not (greedy_accepts and sampled_rejects):
+            failures.append(f"insensitive workload: {greedy_accepts} greedy targets accept a draft, {sampled_rejects} "
+                            "sampled targets reject a greedy draft")
         return "; ".join(failures) or None
 
     for case, run in zip(FAST_CASES, (deterministic, vllm_advances, equals_vllm, scratch_clean, plan_covers, any_split,
