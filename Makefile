@@ -43,7 +43,8 @@ test: install
 
 # GPU_TESTS: a part of the suite (e.g. one file). Serially the whole takes ~17 min on a fresh H100 machine, most of it
 # compiling Triton kernels on the CPU; where pytest-xdist imports (offline: its wheels in .whl/, as polars'), it runs
-# GPU_TEST_JOBS workers on the one GPU: 1844 passed in 350 s with 4 (H100, 2026-11-27). GPU_TEST_JOBS=0: serial.
+# GPU_TEST_JOBS workers on the one GPU: 1844 passed in 350 s with 4 (H100, 2026-11-27). GPU_TEST_JOBS=0: serial,
+# e.g. to rule out the other workers when a timing-ratio or profiler test fails (they share the GPU under xdist).
 GPU_TESTS ?= tests
 GPU_TEST_JOBS ?= 4
 gpu-test: install

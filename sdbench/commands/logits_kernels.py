@@ -151,9 +151,13 @@ def per_call_busy_us(spans: list[tuple[int, int]], calls: int) -> list[float]:
     return [busy_us(spans[i * per_call:(i + 1) * per_call]) for i in range(calls)]
 
 
-def timeline_phases(pass1: torch.Tensor, race: torch.Tensor) -> dict[str, float]:
-    """One call's marks (`fused_logits_launcher(timeline=True)`'s `launch.timeline`, on the host) as µs phases."""
+def timeline_phases(pass1: torch.Tensor, race: torch.Tensor, read: torch.Tensor | None = None) -> dict[str, float]:
+    """One call's marks (`fused_logits_launcher(timeline=True)`'s `launch.timeline`, on the host) as µs phases.
+    read (bool, one a pass-1 program, `pass1_reads`): pass 1's phases over the programs that read their span only (a
+    greedy target's draft-row programs read nothing and finish at once)."""
     p = pass1.view(-1, tk.PASS1_MARKS.value).double() / 1000.0
+    if read is not None:
+        p = p[read]
     r = race.view(-1, tk.RACE_MARKS.value).double() / 1000.0
     start = p[:, 0].min()
     done = (p[:, 1] - start).sort().values
@@ -175,8 +179,17 @@ def timeline_phases(pass1: torch.Tensor, race: torch.Tensor) -> dict[str, float]
     return phases
 
 
-def timeline_us(run, iters: int, flush=None) -> dict[str, float]:
-    """Medians over `iters` calls of `timeline_phases` (each call after `flush` if given)."""
+def pass1_reads(target_temperature: torch.Tensor, gamma: int, splits: int) -> torch.Tensor:
+    """bool [B·(2γ+1)·splits] on the host, in the timeline's program order (row-major, then split): whether pass 1's
+    program reads its span (the token rule skips a greedy target's γ draft rows)."""
+    greedy = (target_temperature == 0).cpu()
+    rows = torch.ones(greedy.numel(), 2 * gamma + 1, dtype=torch.bool)
+    rows[greedy, gamma + 1:] = False
+    return rows.flatten().repeat_interleave(splits)
+
+
+def timeline_us(run, iters: int, flush=None, read: torch.Tensor | None = None) -> dict[str, float]:
+    """Medians over `iters` calls of `timeline_phases` (each call after `flush` if given; read: `pass1_reads`)."""
     calls = []
     for i in range(iters + 2):
         for marks in run.timeline:
@@ -186,7 +199,7 @@ def timeline_us(run, iters: int, flush=None) -> dict[str, float]:
         run()
         torch.cuda.synchronize()
         if i >= 2:  # two warm-up calls
-            calls.append(timeline_phases(*(marks.cpu() for marks in run.timeline)))
+            calls.append(timeline_phases(*(marks.cpu() for marks in run.timeline), read=read))
     return {key: statistics.median_high([call[key] for call in calls]) for key in calls[0]}
 
 
@@ -269,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items())
                       + (f" | splits {plan['splits']}" if plan else ""), flush=True)
                 if variant in timelines:
-                    phases = timeline_us(timelines[variant], args.iters, flushes[l2])
+                    read = pass1_reads(w.target_temperature, gamma, timelines[variant].plans[0].splits)
+                    phases = timeline_us(timelines[variant], args.iters, flushes[l2], read)
                     rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant,
                                      timeline=phases))
                     print(f"{'':4s} timeline {variant}: " + " ".join(f"{k}={v:.2f}" for k, v in phases.items()),

@@ -104,6 +104,19 @@ def test_timeline_phases_read_the_marks():
     assert phases["last_draw"] == pytest.approx(1.0) and phases["race_span"] == pytest.approx(2.6)
     assert phases["last_arrival"] == pytest.approx(1.6)
     assert phases["to_stop"] == pytest.approx(0.5)  # 0.5, 0.7 and 0.3: all three programs
+    # a third pass-1 program that read nothing (a greedy target's draft row) is left out of pass 1's phases
+    skipped = torch.cat([pass1, torch.tensor([1100, 1150, 5, 0], dtype=torch.int64)])
+    assert timeline_phases(skipped, race, read=torch.tensor([True, True, False])) == phases
+    assert timeline_phases(skipped, race)["pass1_half"] == pytest.approx(4.0)  # counted, it moves the middle
+
+
+def test_pass1_reads_marks_the_draft_rows_of_greedy_targets():
+    import torch
+
+    from sdbench.commands.logits_kernels import pass1_reads
+
+    read = pass1_reads(torch.tensor([0.0, 0.7]), gamma=2, splits=2).view(2, 5, 2)
+    assert not read[0, 3:].any() and read[0, :3].all() and read[1].all()
 
 
 def test_a_timeline_build_mirrors_the_shipped_launch():

@@ -1342,9 +1342,10 @@ def default_combine(batch: int, race: RacePlan, device: torch.device) -> bool:
 # V = 32000, bf16, γ = 4-16) the tokens first were as fast or 0.1-0.6 µs faster at every state, both views; with
 # 1024-2048 (b = 1, γ ≥ 8) the tokens last were up to 0.7 µs faster (b = 1, γ = 16, V = 32000, fp32, warm: 8.8
 # against 9.5), their big stats load no longer queued behind the 2γ gathered logits (the order session 21 measured
-# on the H200 without PDL). 512 (session 25, `10-tokens-order-512`: b = 1, γ = 4 and γ = 8 bf16; b = 32, γ = 16,
-# V = 32000, fp32) is a wash: tokens first 0.1-0.3 µs faster in 12 of 20 view and L2 states, tokens last in 5, by up
-# to 0.5 (b = 32, γ = 16, fp32, cold, gpu view). So the bound stays where both orders measured a clear winner.
+# on the H200 without PDL). 512 (session 25, `10-tokens-order-512`: b = 1, γ = 4 at V = 32000 fp32 and V = 128256
+# bf16 and fp32, γ = 8 at V = 32000 bf16; b = 32, γ = 16, V = 32000, fp32): at b = 1 the tokens first lean ahead (11
+# of 16 view and L2 states, by at most 0.3 µs), at b = 32 the tokens last (0.5 µs, cold, gpu view). The bound stays:
+# the lean is small, and moving it would move the b = 32 state the wrong way (docs/perf-notes.md, "Session 25").
 TOKENS_FIRST_MAX_PARTIALS = 256
 
 
