@@ -609,7 +609,9 @@ def prob_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor | None = 
     From logits: pass `target_logits` [B, γ+1, V] and `draft_logits` [B, γ, V] (float32 or bfloat16) with
     `target_temperature` and `draft_temperature` (float32 [B]; 0 = greedy for that request) instead of the
     probabilities: p and q are softmax(logits / T), computed inside the kernels (default impl
-    `fused_logits`).
+    `fused_logits`). Under the token rule a greedy target accepts exactly its argmax drafts and draws its
+    argmax next, whatever the draft's distribution, so `fused_logits` does not read that request's draft
+    logits (they may hold anything).
 
     Acceptance rule: `rule="token"` (default) is Leviathan et al.'s token-wise test; `rule="block"` is block
     verification (Sun et al., ICLR 2025): the same output distribution (the target's), never fewer accepted
