@@ -246,7 +246,8 @@ def _row_stats_program(
     programs start from k instead of each gathering 2γ logits and scanning.
     SKIP_GREEDY_DRAFTS (the token rule): a draft row of a request whose target is greedy reads nothing and leaves
     the empty span's partial (max -inf, Σ 0). Greedy verification needs no q: it accepts x_i iff x_i is the
-    target's argmax (`_accept_scan`), and its next token is row k's argmax, so those γ rows are never needed.
+    target's argmax (`_accept_scan` takes q := 0, as the reference does), and its next token is row k's argmax, so
+    those γ rows are never needed.
     (The block rule's weights p/q need q whatever the target: it keeps this off.)"""
     b = (row // (2 * GAMMA + 1)).to(tl.int64)
     r = row % (2 * GAMMA + 1)
@@ -514,9 +515,10 @@ def _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     u = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
-    # a greedy target's p is one-hot: u·q < 1 holds for any q ≤ 1 and u < 1, so x_i is accepted iff p = 1, and q
-    # (whose draft rows pass 1 may have skipped: SKIP_GREEDY_DRAFTS) is never read
-    rejected = in_draft & ~tl.where(greedy_t, p > 0, u * q < p)
+    # q := 0 for a greedy target, as reference.prob_verify_logits defines it (x_i accepted iff p = 1): its draft rows'
+    # stats, which pass 1 may have skipped (SKIP_GREEDY_DRAFTS), are never used
+    q = tl.where(greedy_t, 0.0, q)
+    rejected = in_draft & ~(u * q < p)
     # k and the bad-id flag in one reduction
     k, bad = tl.reduce((tl.where(rejected, positions, GAMMA), out_of_vocab.to(tl.int32)), 0, _min_max)
     return k, bad
