@@ -14,7 +14,7 @@ below one wave),
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
 unless a scan is named), `pdl` / `nopdl` (the scan kernel and the race launched with programmatic dependent
 launch, or not), `tokens-first` / `tokens-last` (a race that scans loads the draft tokens' logits before or after
-the rows' stats), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
+the rows' stats), `lean` / `nolean` (a race that scans combines only the rows it reads, or all 2γ+1 then picks), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
 `r<ROWS>x<N>`, `lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N
 registers a thread); `default` changes nothing.
 Each (point, variant, L2) prints one line: the median call's device time (`total`: the time its kernels cover,
@@ -85,6 +85,8 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             changes["pdl"] = part == "pdl"
         elif part in ("tokens-first", "tokens-last"):
             changes["tokens_first"] = part == "tokens-first"
+        elif part in ("lean", "nolean"):
+            changes["lean_scan"] = part == "lean"
         elif part == "one":
             changes["single"] = True
         elif part.startswith("reg"):
@@ -223,7 +225,7 @@ def _launches(variant: str, w, batch: int, gamma: int, vocab: int, sms: int, tim
 def launch_choices(run) -> dict | None:
     """What a fused_logits launch resolved (where the scan runs, who combines, PDL, the race's load order), so a
     row says what its variant ran whatever the defaults were then; None for a launch that has none."""
-    return {name: getattr(run, name) for name in ("scan", "combine", "pdl", "tokens_first") if hasattr(run, name)} or None
+    return {name: getattr(run, name) for name in ("scan", "combine", "pdl", "tokens_first", "lean_scan") if hasattr(run, name)} or None
 
 
 def main(argv: list[str] | None = None) -> int:

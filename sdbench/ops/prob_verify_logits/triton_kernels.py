@@ -392,10 +392,20 @@ def _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
     """Row max M, Σexp(z - M) S and first argmax A of sequence b's 2γ+1 rows ([R_PAD] each). CACHE ".cg" where
     the partials were written in the same launch (`_one_launch_kernel`): read from L2, never a stale L1 line;
     "" otherwise (a constexpr with no default: Triton 3.6 does not wrap a default string as a constexpr)."""
-    rows = tl.arange(0, R_PAD)[:, None]
+    return _rows_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b * (2 * GAMMA + 1), 2 * GAMMA + 1, splits,
+                       R_PAD, SPLITS_PAD, CACHE)
+
+
+@triton.jit
+def _rows_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, first_row, rows, splits,
+                PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
+    """(M, S, A) [PAD] of the `rows` logits rows first_row, first_row + 1, ..., each combined over its `splits`
+    partials (rows past `rows`: M = -inf, S = 0, A = NO_INDEX). Every row's combine is the same arithmetic
+    whatever PAD, so callers that combine different row sets agree to the bit on a row they share."""
+    row = tl.arange(0, PAD)[:, None]
     parts = tl.arange(0, SPLITS_PAD)[None, :]
-    valid = (rows < 2 * GAMMA + 1) & (parts < splits)
-    index = (b * (2 * GAMMA + 1) + rows) * splits + parts
+    valid = (row < rows) & (parts < splits)
+    index = (first_row + row) * splits + parts
     m = tl.load(stats_max_ptr + index, mask=valid, other=float("-inf"), cache_modifier=CACHE)
     s = tl.load(stats_sum_ptr + index, mask=valid, other=0.0, cache_modifier=CACHE)
     a = tl.load(stats_arg_ptr + index, mask=valid, other=NO_INDEX, cache_modifier=CACHE)
@@ -404,6 +414,42 @@ def _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
     # the sum and the first argmax in one reduction (one pass of shuffles and barriers, the same sums as tl.sum)
     row_sum, row_arg = tl.reduce((scaled, tl.where(valid & (m == row_max[:, None]), a, NO_INDEX)), 1, _sum_min)
     return row_max, row_sum, row_arg
+
+
+@triton.jit
+def _position_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
+                    GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
+    """What the accept scan and the race read of sequence b's stats, combined row by row with no [R_PAD] vector
+    to pick from: position i's target row i and draft row i ([GAMMA_PAD] each), and the bonus row γ (scalars).
+    Three small combines in place of one over all 2γ+1 rows and then six picks of [GAMMA_PAD, R_PAD] (at γ = 16
+    those took the race's entry-to-k from 2.25 to 5.25 µs on the H100: docs/perf-notes.md, "Session 26")."""
+    first = b * (2 * GAMMA + 1)
+    max_t, sum_t, arg_t = _rows_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, first, GAMMA, splits,
+                                      GAMMA_PAD, SPLITS_PAD, CACHE)
+    max_d, sum_d, arg_d = _rows_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, first + GAMMA + 1, GAMMA, splits,
+                                      GAMMA_PAD, SPLITS_PAD, CACHE)
+    bonus_max, bonus_sum, bonus_arg = _rows_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, first + GAMMA, 1,
+                                                  splits, 2, SPLITS_PAD, CACHE)
+    bonus = tl.arange(0, 2) == 0  # (a pick: a sum of the one value and a zero, exact)
+    bonus_max, bonus_sum, bonus_arg = tl.reduce((tl.where(bonus, bonus_max, 0.0), tl.where(bonus, bonus_sum, 0.0),
+                                                 tl.where(bonus, bonus_arg, 0)), 0, _sum3)
+    return max_t, sum_t, arg_t, max_d, sum_d, arg_d, bonus_max, bonus_sum, bonus_arg
+
+
+@triton.jit
+def _pick_position_stats(max_t, sum_t, arg_t, max_d, sum_d, arg_d, bonus_max, bonus_sum, bonus_arg, k,
+                         GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr):
+    """`_pick_stop_stats` from `_position_stats`' vectors: (M, S, A) of target row k (the bonus row at k = γ) and
+    of draft row min(k, γ - 1), six picks in one reduction."""
+    positions = tl.arange(0, GAMMA_PAD)
+    at_k = positions == k
+    at_d = positions == tl.minimum(k, GAMMA - 1)
+    m_t, s_t, a_t, m_d, s_d, a_d = tl.reduce((tl.where(at_k, max_t, 0.0), tl.where(at_k, sum_t, 0.0),
+                                              tl.where(at_k, arg_t, 0), tl.where(at_d, max_d, 0.0),
+                                              tl.where(at_d, sum_d, 0.0), tl.where(at_d, arg_d, 0)), 0, _sum6)
+    at_bonus = k >= GAMMA
+    return (tl.where(at_bonus, bonus_max, m_t), tl.where(at_bonus, bonus_sum, s_t), tl.where(at_bonus, bonus_arg, a_t),
+            m_d, s_d, a_d)
 
 
 # Combine functions of tuple reductions: several values reduced in one `tl.reduce` share its shuffles and (at 4
@@ -418,6 +464,11 @@ def _sum_min(a, x, b, y):
 @triton.jit
 def _min_max(a, x, b, y):
     return tl.minimum(a, b), tl.maximum(x, y)
+
+
+@triton.jit
+def _sum3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
 
 
 @triton.jit
@@ -473,13 +524,9 @@ def _draft_token_probs(tokens, target_logit, draft_logit, vocab, row_max, row_su
                        GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
                        PRECISE_MATH: tl.constexpr):
     """(p_i(x_i), q_i(x_i), which draft tokens are outside [0, V)) over positions [GAMMA_PAD], from
-    `_draft_token_logits`' tokens and gathered logits.
-
-    A token outside [0, V) has p = q = 0 (so it is rejected) and the sequence is flagged (`_any_bad`), the
-    input contract's TOKEN_OUT_OF_RANGE (sdbench.ops.input_contract), as in prob_verify's kernels."""
+    `_draft_token_logits`' tokens and gathered logits and the sequence's rows' stats ([R_PAD]): `_token_probs`
+    after six picks of each position's target row i and draft row γ+1+i."""
     positions = tl.arange(0, GAMMA_PAD)
-    in_draft = positions < GAMMA
-    in_vocab = (tokens >= 0) & (tokens < vocab)
     # each position's target row i and draft row γ+1+i: six picks ([GAMMA_PAD, R_PAD]) in one reduction
     rows = tl.arange(0, R_PAD)[None, :]
     at_t = rows == positions[:, None]
@@ -489,6 +536,22 @@ def _draft_token_probs(tokens, target_logit, draft_logit, vocab, row_max, row_su
          tl.where(at_t, row_arg[None, :], 0), tl.where(at_d, row_max[None, :], 0.0),
          tl.where(at_d, row_sum[None, :], 0.0), tl.where(at_d, row_arg[None, :], 0)),
         1, _sum6)
+    return _token_probs(tokens, target_logit, draft_logit, vocab, max_t, sum_t, arg_t, max_d, sum_d, arg_d,
+                        inverse_t, inverse_d, greedy_t, greedy_d, GAMMA, GAMMA_PAD, PRECISE_MATH)
+
+
+@triton.jit
+def _token_probs(tokens, target_logit, draft_logit, vocab, max_t, sum_t, arg_t, max_d, sum_d, arg_d,
+                 inverse_t, inverse_d, greedy_t, greedy_d, GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr,
+                 PRECISE_MATH: tl.constexpr):
+    """(p_i(x_i), q_i(x_i), which draft tokens are outside [0, V)) over positions [GAMMA_PAD], from the tokens,
+    their gathered logits and each position's (M, S, A) of target row i and draft row i.
+
+    A token outside [0, V) has p = q = 0 (so it is rejected) and the sequence is flagged (`_any_bad`), the
+    input contract's TOKEN_OUT_OF_RANGE (sdbench.ops.input_contract), as in prob_verify's kernels."""
+    positions = tl.arange(0, GAMMA_PAD)
+    in_draft = positions < GAMMA
+    in_vocab = (tokens >= 0) & (tokens < vocab)
     p = _probability(target_logit, inverse_t, max_t, sum_t, greedy_t, tokens == arg_t, PRECISE_MATH)
     q = _probability(draft_logit, inverse_d, max_d, sum_d, greedy_d, tokens == arg_d, PRECISE_MATH)
     p = tl.where(in_vocab, p, 0.0)
@@ -508,10 +571,30 @@ def _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_
                  GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
                  PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
     """(k, bad): k is the first position i with !(u_i·q_i(x_i) < p_i(x_i)) (`_draft_token_logits`' tokens
-    and logits)."""
+    and logits; the rows' stats as [R_PAD] vectors)."""
     p, q, out_of_vocab = _draft_token_probs(tokens, target_logit, draft_logit, vocab, row_max, row_sum, row_arg,
                                             inverse_t, inverse_d, greedy_t, greedy_d, GAMMA, GAMMA_PAD, R_PAD,
                                             PRECISE_MATH)
+    return _first_rejection(p, q, out_of_vocab, uniforms_ptr, b, greedy_t, seed, offset, stride_u_b, GAMMA, GAMMA_PAD,
+                            FAST)
+
+
+@triton.jit
+def _accept_scan_at_positions(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, max_t, sum_t, arg_t, max_d,
+                              sum_d, arg_d, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
+                              GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
+                              FAST: tl.constexpr):
+    """`_accept_scan` from `_position_stats`' per-position vectors: no picks."""
+    p, q, out_of_vocab = _token_probs(tokens, target_logit, draft_logit, vocab, max_t, sum_t, arg_t, max_d, sum_d,
+                                      arg_d, inverse_t, inverse_d, greedy_t, greedy_d, GAMMA, GAMMA_PAD, PRECISE_MATH)
+    return _first_rejection(p, q, out_of_vocab, uniforms_ptr, b, greedy_t, seed, offset, stride_u_b, GAMMA, GAMMA_PAD,
+                            FAST)
+
+
+@triton.jit
+def _first_rejection(p, q, out_of_vocab, uniforms_ptr, b, greedy_t, seed, offset, stride_u_b,
+                     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, FAST: tl.constexpr):
+    """(k, bad) from each position's p_i(x_i), q_i(x_i) and bad-id flag."""
     positions = tl.arange(0, GAMMA_PAD)
     in_draft = positions < GAMMA
     u = _accept_uniforms(uniforms_ptr, b, positions, in_draft, stride_u_b, seed, offset, FAST)
@@ -790,6 +873,7 @@ def _scan_kernel(
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
     PRECISE_MATH: tl.constexpr, FAST: tl.constexpr, FLAGS: tl.constexpr, PDL: tl.constexpr,
+    LEAN_SCAN: tl.constexpr,
 ):
     """Grid (B,): combine pass 1's `splits` partials of each of the sequence's 2γ+1 rows, scan to k, and
     write k (stop_ptr, int32 [B]) and row k's normalisers (stop_stats_ptr, float32 [B, 6]: M_t, S_t, M_q,
@@ -808,16 +892,29 @@ def _scan_kernel(
                                                             stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
                                                             stride_q_row, GAMMA, GAMMA_PAD)
     _wait_for_prior_kernel(PDL)
-    row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
-                                                GAMMA, R_PAD, SPLITS_PAD, "")
-    k, bad = _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
-                          _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
-                          temperature_t == 0, temperature_d == 0, seed, offset, stride_u_b,
-                          GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
-    draft_k = tl.minimum(k, GAMMA - 1) + GAMMA + 1
+    if LEAN_SCAN:  # only the rows it reads, each combined alone (as the race that scans: `_position_stats`)
+        (pos_max_t, pos_sum_t, pos_arg_t, pos_max_d, pos_sum_d, pos_arg_d, bonus_max, bonus_sum,
+         bonus_arg) = _position_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits, GAMMA, GAMMA_PAD,
+                                      SPLITS_PAD, "")
+        k, bad = _accept_scan_at_positions(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, pos_max_t,
+                                           pos_sum_t, pos_arg_t, pos_max_d, pos_sum_d, pos_arg_d,
+                                           _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
+                                           temperature_t == 0, temperature_d == 0, seed, offset, stride_u_b,
+                                           GAMMA, GAMMA_PAD, PRECISE_MATH, FAST)
+        max_t, sum_t, arg_t, max_d, sum_d, arg_d = _pick_position_stats(
+            pos_max_t, pos_sum_t, pos_arg_t, pos_max_d, pos_sum_d, pos_arg_d, bonus_max, bonus_sum, bonus_arg, k,
+            GAMMA, GAMMA_PAD)
+    else:
+        row_max, row_sum, row_arg = _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
+                                                    GAMMA, R_PAD, SPLITS_PAD, "")
+        k, bad = _accept_scan(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, row_max, row_sum, row_arg,
+                              _inverse_temperature(temperature_t), _inverse_temperature(temperature_d),
+                              temperature_t == 0, temperature_d == 0, seed, offset, stride_u_b,
+                              GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
+        draft_k = tl.minimum(k, GAMMA - 1) + GAMMA + 1
+        max_t, sum_t, arg_t, max_d, sum_d, arg_d = _pick_stop_stats(row_max, row_sum, row_arg, k, draft_k, R_PAD)
     tl.store(stop_ptr + b, k)
     out = stop_stats_ptr + b * 6
-    max_t, sum_t, arg_t, max_d, sum_d, arg_d = _pick_stop_stats(row_max, row_sum, row_arg, k, draft_k, R_PAD)
     tl.store(out + 0, max_t)
     tl.store(out + 1, sum_t)
     tl.store(out + 2, max_d)
@@ -840,7 +937,7 @@ def _race_program(
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, STATS_CACHE: tl.constexpr,
-    TIMELINE: tl.constexpr, PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr,
+    TIMELINE: tl.constexpr, PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr, LEAN_SCAN: tl.constexpr,
 ):
     """The race's program (b, c), grid (B, chunks) in `_logits_race_kernel`; returns whether it arrived last.
     It owns STEPS chunks of 4·ROWS columns of the stopping row, columns
@@ -865,7 +962,9 @@ def _race_program(
     PDL (`_logits_race_kernel` launched with launch_pdl): the inputs (offset, temperatures) load before
     `_wait_for_prior_kernel`, while the kernel ahead finishes; what pass 1, the scan kernel or the mass pass wrote,
     after it. TOKENS_FIRST (a program that scans): the draft tokens and their 2γ logits load before the rows'
-    stats (and, with PDL, before the wait), or after them (the order measured faster without PDL at b = 1)."""
+    stats (and, with PDL, before the wait), or after them (the order measured faster without PDL at b = 1).
+    LEAN_SCAN (a program that scans, token rule): it combines only the rows it reads, position by position
+    (`_position_stats`), not all 2γ+1 rows and then picks (`_combined_stats`; the same floats either way)."""
     b = b.to(tl.int64)
     mark = (b * chunks + chunk) * RACE_MARKS
     _mark(timeline_ptr, mark, chunk, TIMELINE)
@@ -888,6 +987,24 @@ def _race_program(
         arg_t = tl.load(stop_stats + 4).to(tl.int32, bitcast=True)
         arg_d = tl.load(stop_stats + 5).to(tl.int32, bitcast=True)
         target_scale = 1.0
+    elif LEAN_SCAN and RULE == "token" and not SCANNED:
+        # the rows the scan and row k need, each combined alone (one L2 round trip, beside the tokens' if they load
+        # first): no [R_PAD] vector of every row, no [GAMMA_PAD, R_PAD] picks
+        (pos_max_t, pos_sum_t, pos_arg_t, pos_max_d, pos_sum_d, pos_arg_d, bonus_max, bonus_sum,
+         bonus_arg) = _position_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, stats_splits, GAMMA, GAMMA_PAD,
+                                      STATS_PAD, STATS_CACHE)
+        if not TOKENS_FIRST:
+            tokens, target_logit, draft_logit = _draft_token_logits(
+                draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, stride_tok_b, stride_p_b, stride_p_row,
+                stride_q_b, stride_q_row, GAMMA, GAMMA_PAD)
+        k, bad = _accept_scan_at_positions(tokens, target_logit, draft_logit, uniforms_ptr, b, vocab, pos_max_t,
+                                           pos_sum_t, pos_arg_t, pos_max_d, pos_sum_d, pos_arg_d, inverse_t, inverse_d,
+                                           greedy_t, greedy_d, seed, offset, stride_u_b, GAMMA, GAMMA_PAD,
+                                           PRECISE_MATH, FAST)
+        target_scale = 1.0
+        max_t, sum_t, arg_t, max_d, sum_d, arg_d = _pick_position_stats(
+            pos_max_t, pos_sum_t, pos_arg_t, pos_max_d, pos_sum_d, pos_arg_d, bonus_max, bonus_sum, bonus_arg, k,
+            GAMMA, GAMMA_PAD)
     else:
         # every row's stats at once, independent of the stop (one L2 round trip beside the stop's, not after it)
         # (stats_splits > 1: pass 1 left its partials uncombined, `fused_logits_launcher`'s combine=False)
@@ -996,7 +1113,7 @@ def _logits_race_kernel(
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, TIMELINE: tl.constexpr,
-    PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr,
+    PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr, LEAN_SCAN: tl.constexpr,
 ):
     """The race as a launch of its own: program (b, c) is `_race_program`'s."""
     _race_program(
@@ -1006,7 +1123,7 @@ def _logits_race_kernel(
         chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b, stride_p_b,
         stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD,
         MASS_PAD, ROWS, STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC, "",
-        TIMELINE, PDL, TOKENS_FIRST)
+        TIMELINE, PDL, TOKENS_FIRST, LEAN_SCAN)
 
 
 # --- one launch (fused_logits single=True): pass 1 and the race in one grid, sequence by sequence --------------------
@@ -1076,7 +1193,7 @@ def _one_launch_kernel(
             offsets_ptr, chunk_mass_ptr, done_ptr, seed, vocab, 1, chunks, splits, stride_tok_b, stride_p_b,
             stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, 1,
             ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg", False,
-            False, False)
+            False, False, True)
         if last:
             tl.store(done_ptr + seq, 0)
 
@@ -1438,7 +1555,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           scan: str | None = None, sample: str | None = None, combine: bool | None = None,
                           stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
                           lag: int | None = None, maxnreg: int | None = None, timeline: bool = False,
-                          pdl: bool | None = None, tokens_first: bool | None = None):
+                          pdl: bool | None = None, tokens_first: bool | None = None, lean_scan: bool = True):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1462,7 +1579,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     start and input loads overlap the kernel ahead of it (`_wait_for_prior_kernel`); None: where `pdl_available`.
     tokens_first (a race that scans: scan "race", the block rule): its programs load the draft tokens and their
     logits before the rows' stats (with PDL, during the wait); None: `default_tokens_first` (docs/perf-notes.md,
-    "Session 23" and "Session 24")."""
+    "Session 23" and "Session 24").
+    lean_scan (a race that scans, token rule): it combines only the rows it reads (`_position_stats`); False: all
+    2γ+1 rows, then picks (the same outputs; kept to time the two, docs/perf-notes.md, "Session 26")."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
@@ -1475,8 +1594,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             raise ValueError("stats_max_splits shapes the two-launch pass-1 plan; single=True plans its own")
         if pdl:
             raise ValueError("pdl overlaps one launch with the next: single=True has one launch")
-        if tokens_first is not None:
-            raise ValueError("tokens_first orders the two-launch race's loads: single=True has its own")
+        if tokens_first is not None or not lean_scan:
+            raise ValueError("tokens_first and lean_scan shape the two-launch race: single=True has its own")
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
     if lag is not None or maxnreg is not None:
         raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
@@ -1509,7 +1628,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                  combine, timeline, pdl, tokens_first)
+                                  combine, timeline, pdl, tokens_first, lean_scan)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
@@ -1520,7 +1639,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm)
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                          combine, timeline, pdl, tokens_first)
+                                          combine, timeline, pdl, tokens_first, lean_scan)
         # (from the kernels compiled with the first plans: the race's registers can move a little with its steps)
         launch.programs_per_sm = (stats_per_sm, race_per_sm)
     return launch
@@ -1529,7 +1648,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
                          sample: str | None, combine: bool, timeline: bool = False, pdl: bool = False,
-                         tokens_first: bool | None = None):
+                         tokens_first: bool | None = None, lean_scan: bool = True):
     """fused_logits_launcher with every choice made (tokens_first None: `default_tokens_first`)."""
     cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
@@ -1572,7 +1691,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                      vocab, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
                      t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
         scan_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(plan.splits), FAST=fast, FLAGS=True, num_warps=4,
-                         **_pdl_meta(pdl))
+                         LEAN_SCAN=lean_scan, **_pdl_meta(pdl))
         launches.append(BoundLaunch(_scan_kernel, (batch,), scan_args, scan_meta, device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
     mass_plan = mass_plan or (default_row_plan(mass_rows, vocab, device) if mass_rows else StatsPlan(span=vocab, splits=1))
@@ -1597,7 +1716,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
                 VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), TOKENS_FIRST=tokens_first,
-                num_warps=race.num_warps, **_pdl_meta(pdl))
+                LEAN_SCAN=lean_scan, num_warps=race.num_warps, **_pdl_meta(pdl))
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)
 
@@ -1614,7 +1733,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     launch.stats_launch, launch.race_launch = stats_launch, race_launch
     launch.timeline = marks
     launch.programs_per_sm = None  # set by fused_logits_launcher where it sized the plans to compiled kernels
-    launch.pdl, launch.tokens_first = pdl, tokens_first
+    launch.pdl, launch.tokens_first, launch.lean_scan = pdl, tokens_first, lean_scan
     return launch
 
 
@@ -1716,7 +1835,7 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
                  t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
     scan_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                      SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=precise, FAST=fast, FLAGS=False,
-                     PDL=False, num_warps=4)
+                     PDL=False, LEAN_SCAN=True, num_warps=4)
     rows = min(block // 4, RESAMPLE_ROWS)
     resample_args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.exponential_noise,
                      stop, stop_stats, block_best, offsets, seed, vocab, plan.splits,

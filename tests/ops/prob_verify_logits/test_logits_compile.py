@@ -72,21 +72,32 @@ def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, 
 @pytest.mark.parametrize("timeline", [False, True])  # the diagnostic build (`_mark`)
 # pdl: launched with launch_pdl, it waits for the kernel ahead; tokens_first: a race that scans loads the tokens first
 @pytest.mark.parametrize("pdl,tokens_first", [(True, True), (True, False), (False, False), (False, True)])
-def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec, timeline, pdl, tokens_first):
+def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec, timeline, pdl, tokens_first, lean=True):
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
                 FAST=fast, RULE=rule, SCANNED=scan != "race", CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
-                STOP_STATS=scan == "kernel", VEC=vec, TIMELINE=timeline, PDL=pdl, TOKENS_FIRST=tokens_first)
+                STOP_STATS=scan == "kernel", VEC=vec, TIMELINE=timeline, PDL=pdl, TOKENS_FIRST=tokens_first,
+                LEAN_SCAN=lean)
     ptx = _compile(kernels._logits_race_kernel, pads).asm["ptx"]
     assert "_logits_race_kernel" in ptx and ("%globaltimer" in ptx) == timeline
     assert ("griddepcontrol.wait" in ptx) == pdl and "griddepcontrol.launch_dependents" not in ptx
 
 
+@pytest.mark.parametrize("fast,cdf", [(True, True), (False, False)])
+@pytest.mark.parametrize("steps,vec", [(1, 8), (3, 4)])
+@pytest.mark.parametrize("pdl,tokens_first", [(True, True), (False, False)])
+def test_race_kernel_compiles_with_every_row_combined(fast, cdf, steps, vec, pdl, tokens_first):
+    """lean_scan=False (the race that scans combines all 2γ+1 rows, then picks: the A/B's other side)."""
+    test_race_kernel_compiles_for_sm90("token", "race", fast, cdf, steps, vec, False, pdl, tokens_first, lean=False)
+
+
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("flags,pdl", [(True, True), (True, False), (False, False)])  # the peer: no flag, no PDL
-def test_scan_kernel_compiles_for_sm90(fast, flags, pdl):
+@pytest.mark.parametrize("lean", [True, False])  # only the rows it reads, each combined alone; or all, then picks
+def test_scan_kernel_compiles_for_sm90(fast, flags, pdl, lean):
     kernels = _kernels()
-    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, SPLITS_PAD=16, PRECISE_MATH=True, FAST=fast, FLAGS=flags, PDL=pdl)
+    pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, SPLITS_PAD=16, PRECISE_MATH=True, FAST=fast, FLAGS=flags, PDL=pdl,
+                LEAN_SCAN=lean)
     ptx = _compile(kernels._scan_kernel, pads).asm["ptx"]
     assert "_scan_kernel" in ptx
     assert ("griddepcontrol.wait" in ptx) == pdl and ("griddepcontrol.launch_dependents" in ptx) == pdl

@@ -204,27 +204,33 @@ def _run_cases() -> dict[str, str | None]:
         """Pass 1's split of each row, where the accept scan runs (pass 1, its own kernel or every race program),
         who combines a row's partials (pass 1, the scan kernel or every race program) and, where the race scans,
         the order of its loads (tokens_first) change the partials, never the outputs (supplied randomness); every
-        scan equals the reference and flags the bad id."""
-        w = make_logits_workload(LogitsConfig(3, 2, vocab_size=300, seed=9))
-        w.draft_tokens[1, 1] = 300  # a bad id: its flag comes from whichever kernel scans
-        inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
-                                       w.draft_temperature, w.uniforms, w.exponential_noise)
-        want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
-                                            w.draft_temperature, w.uniforms, w.exponential_noise)
+        scan equals the reference and flags the bad id. Where the race or the scan kernel scans, both ways of
+        reading the rows' stats (lean_scan: only the rows it reads, each combined alone; or all 2γ+1, then picks)
+        give the same outputs; γ = 5 pads its positions to 8 and reads its bonus row apart."""
         failures = []
-        for span in (64, 128, 320):
-            for scan, combine, tokens_first in (("race", True, False), ("race", True, True), ("pass1", True, None),
-                                                ("race", False, False), ("race", False, True), ("kernel", None, None)):
-                outputs = allocate_outputs(w)
-                plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
-                kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan, scan=scan,
-                                              combine=combine, tokens_first=tokens_first)()
-                if not (torch.equal(outputs["output_tokens"], want["output_tokens"])
-                        and torch.equal(outputs["accepted_lengths"], want["accepted_lengths"])
-                        and outputs["error_flags"].tolist() == [0, TOKEN_OUT_OF_RANGE, 0]):
-                    failures.append(f"span {span} scan {scan} combine {combine} tokens first {tokens_first}: "
-                                    f"{outputs['output_tokens'].tolist()} "
-                                    f"flags {outputs['error_flags'].tolist()} != {want['output_tokens'].tolist()}")
+        for gamma in (2, 5):
+            w = make_logits_workload(LogitsConfig(3, gamma, vocab_size=300, seed=9))
+            w.draft_tokens[1, 1] = 300  # a bad id: its flag comes from whichever kernel scans
+            inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                           w.draft_temperature, w.uniforms, w.exponential_noise)
+            want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits,
+                                                w.target_temperature, w.draft_temperature, w.uniforms,
+                                                w.exponential_noise)
+            for span in (64, 128, 320):
+                for scan, combine, tokens_first, lean in (
+                        ("race", True, False, True), ("race", True, True, True), ("pass1", True, None, True),
+                        ("race", False, False, True), ("race", False, True, True), ("kernel", None, None, True),
+                        ("race", False, True, False), ("race", True, False, False), ("kernel", None, None, False)):
+                    outputs = allocate_outputs(w)
+                    plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
+                    kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan, scan=scan,
+                                                  combine=combine, tokens_first=tokens_first, lean_scan=lean)()
+                    if not (torch.equal(outputs["output_tokens"], want["output_tokens"])
+                            and torch.equal(outputs["accepted_lengths"], want["accepted_lengths"])
+                            and outputs["error_flags"].tolist() == [0, TOKEN_OUT_OF_RANGE, 0]):
+                        failures.append(f"γ {gamma} span {span} scan {scan} combine {combine} tokens first "
+                                        f"{tokens_first} lean {lean}: {outputs['output_tokens'].tolist()} "
+                                        f"flags {outputs['error_flags'].tolist()} != {want['output_tokens'].tolist()}")
         return "; ".join(failures) or None
 
     def vllm_advances():
