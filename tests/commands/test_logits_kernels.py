@@ -179,8 +179,10 @@ def test_a_row_records_what_the_launch_resolved():
                "next_tokens": torch.empty(batch, dtype=torch.int64),
                "output_tokens": torch.empty(batch, gamma + 1, dtype=torch.int64),
                "error_flags": torch.empty(batch, dtype=torch.int32)}
-    for tokens_first in (True, False):
-        launch = tk.fused_logits_launcher(t, outputs, True, 0, 0, scan="race", combine=True, tokens_first=tokens_first)
-        assert launch_choices(launch) == {"scan": "race", "combine": True, "pdl": False, "tokens_first": tokens_first}
+    for tokens_first, lean in ((True, True), (False, True), (True, False)):
+        launch = tk.fused_logits_launcher(t, outputs, True, 0, 0, scan="race", combine=True, tokens_first=tokens_first,
+                                          lean_scan=lean)
+        assert launch_choices(launch) == {"scan": "race", "combine": True, "pdl": False, "tokens_first": tokens_first,
+                                          "lean_scan": lean}
     assert launch_choices(tk.fused_logits_launcher(t, outputs, True, 0, 0, scan="kernel"))["tokens_first"] is False
     assert launch_choices(lambda: None) is None

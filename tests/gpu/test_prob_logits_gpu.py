@@ -154,20 +154,22 @@ def test_where_the_scan_runs_changes_no_output(randomness):
 
 
 @pytest.mark.parametrize("randomness", ["fast", "supplied"])
-@pytest.mark.parametrize("point", [(32, 16, 32000, "bfloat16"), (1, 16, 151936, "float32"), (128, 5, 32000, "float32"),
-                                   (32, 4, 128256, "bfloat16")], ids=lambda p: "b{}-g{}-v{}-{}".format(*p))
+@pytest.mark.parametrize("point", [(32, 16, 32000, "bfloat16", 0.3), (1, 16, 151936, "float32", 0.3),
+                                   (128, 5, 32000, "float32", 0.3), (32, 4, 128256, "bfloat16", 0.3),
+                                   (32, 16, 32000, "bfloat16", 0.0)], ids=lambda p: "b{}-g{}-v{}-{}-n{}".format(*p))
 def test_reading_only_the_needed_rows_changes_no_output(point, randomness):
     """The accept scan reading only the rows it needs (lean_scan, the default: each position's target and draft row
     and the bonus row, each combined alone) against every row combined and then picked: the same tokens, lengths and
     flags bit for bit, in the race (scan "race") and in the scan kernel, for three calls in a row (fast mode: three
     draws). Mixed temperatures (greedy requests skip their draft rows), a bad id, γ = 5 padded to 8, and b = 1 with
-    30 partials a row. The reference agrees too (supplied randomness)."""
+    30 partials a row; draft noise 0 accepts every draft of a sampled request, so the bonus row (k = γ = GAMMA_PAD)
+    is read. The reference agrees too (supplied randomness)."""
     from sdbench.ops.prob_verify_logits import reference
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
-    batch, gamma, vocab, dtype = point
-    w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, draft_noise=0.3,
+    batch, gamma, vocab, dtype, noise = point
+    w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, draft_noise=noise,
                                           seed=71), DEVICE).with_randomness(randomness)
     w.draft_tokens[batch // 2, gamma // 2] = vocab  # a bad id: flagged by whichever kernel scans
     inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
@@ -190,6 +192,8 @@ def test_reading_only_the_needed_rows_changes_no_output(point, randomness):
             for name, value in ours.items():
                 assert torch.equal(value, theirs[name]), (key, call, name)
     assert int(first[0]["error_flags"][batch // 2]) != 0
+    if noise == 0:  # the bonus row was read: some sequence accepted all γ drafts
+        assert bool((first[0]["accepted_lengths"] == gamma).any())
     if randomness == "supplied":
         want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                             w.draft_temperature, w.uniforms, w.exponential_noise)

@@ -400,8 +400,11 @@ def _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
 def _rows_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, first_row, rows, splits,
                 PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
     """(M, S, A) [PAD] of the `rows` logits rows first_row, first_row + 1, ..., each combined over its `splits`
-    partials (rows past `rows`: M = -inf, S = 0, A = NO_INDEX). Every row's combine is the same arithmetic
-    whatever PAD, so callers that combine different row sets agree to the bit on a row they share."""
+    partials (rows past `rows`: M = -inf, S = 0, A = NO_INDEX). Every row's combine is the same formula whatever
+    PAD, but not always the same addition tree: where `splits` is a multiple of 16 (Triton then specialises on it),
+    the layout of a [PAD, SPLITS_PAD] tile, and with it how many partials a thread adds before the lanes combine,
+    depends on the tile's size, so two callers with different PADs can differ in S's last bit. The max, the argmax
+    and every other splits count agree exactly."""
     row = tl.arange(0, PAD)[:, None]
     parts = tl.arange(0, SPLITS_PAD)[None, :]
     valid = (row < rows) & (parts < splits)
@@ -964,7 +967,8 @@ def _race_program(
     after it. TOKENS_FIRST (a program that scans): the draft tokens and their 2γ logits load before the rows'
     stats (and, with PDL, before the wait), or after them (the order measured faster without PDL at b = 1).
     LEAN_SCAN (a program that scans, token rule): it combines only the rows it reads, position by position
-    (`_position_stats`), not all 2γ+1 rows and then picks (`_combined_stats`; the same floats either way)."""
+    (`_position_stats`), not all 2γ+1 rows and then picks (`_combined_stats`; the same rows and formula, S up to its
+    last bit where a row has a multiple of 16 partials: `_rows_stats`)."""
     b = b.to(tl.int64)
     mark = (b * chunks + chunk) * RACE_MARKS
     _mark(timeline_ptr, mark, chunk, TIMELINE)

@@ -206,16 +206,20 @@ def _run_cases() -> dict[str, str | None]:
         the order of its loads (tokens_first) change the partials, never the outputs (supplied randomness); every
         scan equals the reference and flags the bad id. Where the race or the scan kernel scans, both ways of
         reading the rows' stats (lean_scan: only the rows it reads, each combined alone; or all 2γ+1, then picks)
-        give the same outputs; γ = 5 pads its positions to 8 and reads its bonus row apart."""
+        give the same outputs; γ = 5 pads its positions to 8 and reads its bonus row apart. Draft logits equal to the
+        target's (noise 0) accept every draft of a sampled request, so k = γ (the bonus row) is reached, and the bad
+        id stops its sequence at k = 1; the default noise rejects at k = 0."""
         failures = []
-        for gamma in (2, 5):
-            w = make_logits_workload(LogitsConfig(3, gamma, vocab_size=300, seed=9))
+        stops = set()
+        for gamma, noise in ((2, 0.5), (5, 0.5), (2, 0.0), (5, 0.0)):
+            w = make_logits_workload(LogitsConfig(3, gamma, vocab_size=300, draft_noise=noise, seed=9))
             w.draft_tokens[1, 1] = 300  # a bad id: its flag comes from whichever kernel scans
             inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                            w.draft_temperature, w.uniforms, w.exponential_noise)
             want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits,
                                                 w.target_temperature, w.draft_temperature, w.uniforms,
                                                 w.exponential_noise)
+            stops.update((gamma, k) for k in want["accepted_lengths"].tolist())
             for span in (64, 128, 320):
                 for scan, combine, tokens_first, lean in (
                         ("race", True, False, True), ("race", True, True, True), ("pass1", True, None, True),
@@ -228,9 +232,11 @@ def _run_cases() -> dict[str, str | None]:
                     if not (torch.equal(outputs["output_tokens"], want["output_tokens"])
                             and torch.equal(outputs["accepted_lengths"], want["accepted_lengths"])
                             and outputs["error_flags"].tolist() == [0, TOKEN_OUT_OF_RANGE, 0]):
-                        failures.append(f"γ {gamma} span {span} scan {scan} combine {combine} tokens first "
-                                        f"{tokens_first} lean {lean}: {outputs['output_tokens'].tolist()} "
+                        failures.append(f"γ {gamma} noise {noise} span {span} scan {scan} combine {combine} tokens "
+                                        f"first {tokens_first} lean {lean}: {outputs['output_tokens'].tolist()} "
                                         f"flags {outputs['error_flags'].tolist()} != {want['output_tokens'].tolist()}")
+        if not {(2, 0), (2, 1), (2, 2), (5, 0), (5, 1), (5, 5)} <= stops:  # the workloads reach k = 0, 1 and γ
+            failures.append(f"the workloads stop at {sorted(stops)}: not every k the case needs")
         return "; ".join(failures) or None
 
     def vllm_advances():
