@@ -14,9 +14,10 @@ below one wave),
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
 unless a scan is named), `pdl` / `nopdl` (the scan kernel and the race launched with programmatic dependent
 launch, or not), `tokens-first` / `tokens-last` (a race that scans loads the draft tokens' logits before or after
-the rows' stats), `lean` / `nolean` (a race that scans combines only the rows it reads, or all 2γ+1 then picks), `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`,
-`r<ROWS>x<N>`, `lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N
-registers a thread); `default` changes nothing.
+the rows' stats), `lean` / `nolean` (the accept scan combines only the rows it reads, or all 2γ+1 then picks),
+`one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`, `r<ROWS>x<N>`,
+`lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N registers a
+thread); `default` changes nothing.
 Each (point, variant, L2) prints one line: the median call's device time (`total`: the time its kernels cover,
 overlaps counted once) and the kernels' CUPTI durations, each the median over the timed calls times its launches
 per call, fast randomness. The rows are written as JSON (--out).
@@ -225,7 +226,8 @@ def _launches(variant: str, w, batch: int, gamma: int, vocab: int, sms: int, tim
 def launch_choices(run) -> dict | None:
     """What a fused_logits launch resolved (where the scan runs, who combines, PDL, the race's load order), so a
     row says what its variant ran whatever the defaults were then; None for a launch that has none."""
-    return {name: getattr(run, name) for name in ("scan", "combine", "pdl", "tokens_first", "lean_scan") if hasattr(run, name)} or None
+    names = ("scan", "combine", "pdl", "tokens_first", "lean_scan")
+    return {name: getattr(run, name) for name in names if hasattr(run, name)} or None
 
 
 def main(argv: list[str] | None = None) -> int:

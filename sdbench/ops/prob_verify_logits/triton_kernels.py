@@ -1584,8 +1584,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     tokens_first (a race that scans: scan "race", the block rule): its programs load the draft tokens and their
     logits before the rows' stats (with PDL, during the wait); None: `default_tokens_first` (docs/perf-notes.md,
     "Session 23" and "Session 24").
-    lean_scan (a race that scans, token rule): it combines only the rows it reads (`_position_stats`); False: all
-    2γ+1 rows, then picks (the same outputs; kept to time the two, docs/perf-notes.md, "Session 26")."""
+    lean_scan (the token rule's accept scan, in the race that scans and in the scan kernel): it combines only the rows
+    it reads (`_position_stats`); False: all 2γ+1 rows, then picks. The same tokens but at near-ties (`_rows_stats`);
+    kept to time the two (docs/perf-notes.md, "Session 26")."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
