@@ -304,19 +304,20 @@ def _row_stats_program(
                               stop_ptr, error_flags_ptr, b, seed, vocab, stride_tok_b, stride_p_b, stride_p_row,
                               stride_q_b, stride_q_row, stride_u_b, GAMMA, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST)
     else:
-        out = row * splits + split
+        out = row * SPLITS_PAD + split  # (rows SPLITS_PAD apart: `allocate_stats`)
         tl.store(stats_max_ptr + out, row_max)
         tl.store(stats_sum_ptr + out, total)
         tl.store(stats_arg_ptr + out, first)
         if COMBINE:
             # release: this program's partial is visible before its arrival; the last arrival acquires all
             if tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel") == splits - 1:
-                parts = row * splits + tl.arange(0, SPLITS_PAD)
+                parts = row * SPLITS_PAD + tl.arange(0, SPLITS_PAD)
                 valid = tl.arange(0, SPLITS_PAD) < splits
-                # (new names: a tensor must keep its shape across Triton's branches)
-                part_max = tl.load(stats_max_ptr + parts, mask=valid, other=float("-inf"), cache_modifier=".cg")
-                part_sum = tl.load(stats_sum_ptr + parts, mask=valid, other=0.0, cache_modifier=".cg")
-                part_arg = tl.load(stats_arg_ptr + parts, mask=valid, other=NO_INDEX, cache_modifier=".cg")
+                # (new names: a tensor must keep its shape across Triton's branches; unmasked, 16-byte loads, the
+                # padding never written and never used: `_rows_stats`)
+                part_max = tl.where(valid, tl.load(stats_max_ptr + parts, cache_modifier=".cg"), float("-inf"))
+                part_sum = tl.load(stats_sum_ptr + parts, cache_modifier=".cg")
+                part_arg = tl.load(stats_arg_ptr + parts, cache_modifier=".cg")
                 combined_max = tl.max(part_max, axis=0)
                 scaled = tl.where(valid, part_sum * tl.exp(part_max - combined_max), 0.0)
                 tl.store(row_max_ptr + row, combined_max)
@@ -400,18 +401,23 @@ def _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
 def _rows_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, first_row, rows, splits,
                 PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
     """(M, S, A) [PAD] of the `rows` logits rows first_row, first_row + 1, ..., each combined over its `splits`
-    partials (rows past `rows`: M = -inf, S = 0, A = NO_INDEX). Every row's combine is the same formula whatever
-    PAD, but not always the same addition tree: where `splits` is a multiple of 16 (Triton then specialises on it),
-    the layout of a [PAD, SPLITS_PAD] tile, and with it how many partials a thread adds before the lanes combine,
-    depends on the tile's size, so two callers with different PADs can differ in S's last bit. The max, the argmax
-    and every other splits count agree exactly."""
+    partials (rows past `rows`: M = -inf, S = 0, A = NO_INDEX). A row's partials lie SPLITS_PAD apart
+    (`allocate_stats`), a stride Triton knows, and load masked by row only, so whole 16-byte vectors of them load at
+    once; the padding past `splits` (never written) is replaced after the load. (Masked by `parts < splits` with the
+    stride `splits`, the loads were scalar wherever splits was not a multiple of 16, the only integers Triton
+    specialises on: at b = 1, γ = 16, V = 151936, fp32, 30 partials a row, the race had 85 scalar loads where 32
+    gave it 58 with six 16-byte ones; docs/perf-notes.md, "Session 27".) Every row's combine is the same formula
+    whatever PAD, but the addition tree follows the layout of the [PAD, SPLITS_PAD] tile, so two callers with
+    different PADs can differ in S's last bit; the max and the argmax agree exactly."""
     row = tl.arange(0, PAD)[:, None]
     parts = tl.arange(0, SPLITS_PAD)[None, :]
-    valid = (row < rows) & (parts < splits)
-    index = (first_row + row) * splits + parts
-    m = tl.load(stats_max_ptr + index, mask=valid, other=float("-inf"), cache_modifier=CACHE)
-    s = tl.load(stats_sum_ptr + index, mask=valid, other=0.0, cache_modifier=CACHE)
-    a = tl.load(stats_arg_ptr + index, mask=valid, other=NO_INDEX, cache_modifier=CACHE)
+    in_rows = tl.broadcast_to(row < rows, [PAD, SPLITS_PAD])
+    valid = in_rows & (parts < splits)
+    index = (first_row + row) * SPLITS_PAD + parts
+    m = tl.load(stats_max_ptr + index, mask=in_rows, other=float("-inf"), cache_modifier=CACHE)
+    s = tl.load(stats_sum_ptr + index, mask=in_rows, other=0.0, cache_modifier=CACHE)
+    a = tl.load(stats_arg_ptr + index, mask=in_rows, other=NO_INDEX, cache_modifier=CACHE)
+    m = tl.where(valid, m, float("-inf"))
     row_max = tl.max(m, axis=1)
     scaled = tl.where(valid, s * tl.exp(m - row_max[:, None]), 0.0)
     # the sum and the first argmax in one reduction (one pass of shuffles and barriers, the same sums as tl.sum)
@@ -1183,8 +1189,8 @@ def _one_launch_kernel(
             draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
             arrivals_ptr, draft_tokens_ptr, uniforms_ptr, offsets_ptr, arrivals_ptr, arrivals_ptr, error_flags_ptr,
             done_ptr, seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b,
-            stride_u_b, GAMMA, TILE, False, 1, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH, False,
-            True)
+            stride_u_b, GAMMA, TILE, False, STATS_PAD, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH,
+            False, True)
         tl.atomic_add(done_ptr + seq, 1, sem="release")  # after this program's partial
     else:
         done = tl.atomic_add(done_ptr + seq, 0, sem="acquire")
@@ -1512,8 +1518,16 @@ def _race_vec(element_size: int, race_rows: int, num_warps: int) -> int:
     return max(1, min(16 // element_size, 4 * race_rows // (32 * num_warps)))
 
 
+def partials_stride(splits: int) -> int:
+    """How far apart pass 1 stores consecutive rows' partials: `splits` padded to the power of two the readers' tiles
+    have (SPLITS_PAD), a constant the compiler knows, so the readers load them as whole vectors (`_rows_stats`)."""
+    return triton.next_power_of_2(splits)
+
+
 def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    count = batch * (2 * gamma + 1) * splits
+    """(max, Σexp, argmax) partials of the B·(2γ+1) rows, `partials_stride(splits)` a row; the padding is never
+    written, and the readers never use it."""
+    count = batch * (2 * gamma + 1) * partials_stride(splits)
     return (torch.empty(count, dtype=torch.float32, device=device), torch.empty(count, dtype=torch.float32, device=device),
             torch.empty(count, dtype=torch.int32, device=device))
 
@@ -1544,7 +1558,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
             stats[2] if timeline is None else timeline, seed, vocab, plan.span, plan.splits,
             t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1),
             t.draft_tokens.stride(0), t.uniforms.stride(0))
-    meta = dict(GAMMA=gamma, TILE=tile, COMBINE=combine, SPLITS_PAD=triton.next_power_of_2(plan.splits),
+    meta = dict(GAMMA=gamma, TILE=tile, COMBINE=combine, SPLITS_PAD=partials_stride(plan.splits),
                 SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
                 VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
@@ -1695,7 +1709,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                      t.uniforms, *partials, stop, stop_stats, offsets, outputs["error_flags"], seed, plan.splits,
                      vocab, t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
                      t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
-        scan_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(plan.splits), FAST=fast, FLAGS=True, num_warps=4,
+        scan_meta = dict(pads, SPLITS_PAD=partials_stride(plan.splits), FAST=fast, FLAGS=True, num_warps=4,
                          LEAN_SCAN=lean_scan, **_pdl_meta(pdl))
         launches.append(BoundLaunch(_scan_kernel, (batch,), scan_args, scan_meta, device))
     mass_rows = batch * (gamma - 1) if rule == "block" else 0
@@ -1706,7 +1720,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                      mass, vocab, stats_splits, mass_plan.span, mass_plan.splits, t.draft_tokens.stride(0),
                      t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
                      t.draft_logits.stride(1))
-        mass_meta = dict(pads, SPLITS_PAD=triton.next_power_of_2(stats_splits), TILE=TILE, num_warps=STATS_WARPS if not INTERPRETED else 1)
+        mass_meta = dict(pads, SPLITS_PAD=partials_stride(stats_splits), TILE=TILE, num_warps=STATS_WARPS if not INTERPRETED else 1)
         launches.append(BoundLaunch(_block_mass_kernel, (mass_rows, mass_plan.splits), mass_args, mass_meta, device))
     args = (
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
@@ -1719,7 +1733,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     )
     meta = dict(pads, MASS_PAD=triton.next_power_of_2(mass_plan.splits), ROWS=race.rows, STEPS=race.steps, FAST=fast,
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
-                STATS_PAD=triton.next_power_of_2(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
+                STATS_PAD=partials_stride(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
                 VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), TOKENS_FIRST=tokens_first,
                 LEAN_SCAN=lean_scan, num_warps=race.num_warps, **_pdl_meta(pdl))
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
@@ -1796,7 +1810,7 @@ def _one_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, 
                 ROWS=race.rows, STEPS=race.steps,
                 RACE_VEC=_race_vec(element_size, race.rows, warps),
                 PRECISE_MATH=_precise_math(device), FAST=fast, CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
-                STATS_PAD=triton.next_power_of_2(plan.splits), num_warps=warps)
+                STATS_PAD=partials_stride(plan.splits), num_warps=warps)
     if maxnreg is not None and not INTERPRETED:
         meta["maxnreg"] = maxnreg
     one = BoundLaunch(_one_launch_kernel, (batch * (pass_items + race.programs),), args, meta, device)
@@ -1839,7 +1853,7 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
                  t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
                  t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0))
     scan_meta = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
-                     SPLITS_PAD=triton.next_power_of_2(plan.splits), PRECISE_MATH=precise, FAST=fast, FLAGS=False,
+                     SPLITS_PAD=partials_stride(plan.splits), PRECISE_MATH=precise, FAST=fast, FLAGS=False,
                      PDL=False, LEAN_SCAN=True, num_warps=4)
     rows = min(block // 4, RESAMPLE_ROWS)
     resample_args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.exponential_noise,

@@ -209,9 +209,25 @@ def _run_cases() -> dict[str, str | None]:
         reading the rows' stats (lean_scan: only the rows it reads, each combined alone; or all 2γ+1, then picks)
         give the same outputs; γ = 5 pads its positions to 8 and reads its bonus row apart. Draft logits equal to the
         target's (noise 0, at γ = 5) accept every draft of a sampled request, so k = γ (the bonus row) is reached, and the
-        bad id stops its sequence at k = 1; the default noise (γ = 2) rejects at k = 0."""
+        bad id stops its sequence at k = 1; the default noise (γ = 2) rejects at k = 0. Every stats buffer starts
+        poisoned, so a reader that took the padding after a row's partials (never written) as one would differ."""
         failures = []
         stops = set()
+        allocate = kernels.allocate_stats
+
+        def poisoned(*args):
+            parts = allocate(*args)
+            for part, poison in zip(parts, (float("inf"), float("nan"), 0), strict=True):
+                part.fill_(poison)
+            return parts
+
+        kernels.allocate_stats = poisoned
+        try:
+            return _any_split_failures(failures, stops)
+        finally:
+            kernels.allocate_stats = allocate
+
+    def _any_split_failures(failures, stops):
         for gamma, noise in ((2, 0.5), (5, 0.0)):
             w = make_logits_workload(LogitsConfig(3, gamma, vocab_size=300, draft_noise=noise, seed=9))
             w.draft_tokens[1, 1] = 300  # a bad id: its flag comes from whichever kernel scans
@@ -399,7 +415,8 @@ def _row_stats_failures(kernels) -> str | None:
             plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
             stats = kernels.allocate_stats(3, 2, plan.splits, target.device)
             kernels._stats_launch(inputs, stats, plan)()
-            m, s, a = (part.view(3, 5, plan.splits) for part in stats)
+            # (each row's partials `partials_stride` apart; the padding after them is never written)
+            m, s, a = (part.view(3, 5, -1)[..., :plan.splits] for part in stats)
             got_max = m.max(dim=2).values
             got_sum = (s.double() * torch.exp(m.double() - got_max.double()[..., None])).sum(dim=2)
             got_arg = torch.where(m == got_max[..., None], a, 2**31 - 1).min(dim=2).values
@@ -412,8 +429,12 @@ def _row_stats_failures(kernels) -> str | None:
                 failures.append(f"{dtype} span {span}: argmax {got_arg[greedy].tolist()} != {want_arg[greedy].tolist()}")
             # COMBINE (fused_logits): each row's last program combines its partials in the kernel, twice in a row
             combined = kernels.allocate_stats(3, 2, 1, target.device) + (torch.zeros(15, dtype=torch.int32),)
-            launch = kernels._stats_launch(inputs, kernels.allocate_stats(3, 2, plan.splits, target.device), plan,
-                                           combined=combined)
+            # (the partials poisoned first: the padding after each row's splits is never written, and must never
+            # be read as a partial; a max of +inf there would win the row's max, a NaN sum would spread)
+            partials = kernels.allocate_stats(3, 2, plan.splits, target.device)
+            for part, poison in zip(partials, (float("inf"), float("nan"), 0), strict=True):
+                part.fill_(poison)
+            launch = kernels._stats_launch(inputs, partials, plan, combined=combined)
             for call in range(2):
                 launch()
                 m, s, a, arrivals = (part.view(3, 5) for part in combined)
@@ -429,7 +450,7 @@ def _row_stats_failures(kernels) -> str | None:
             empty[0, 3:] = True
             for name, part, read, blank in zip(("max", "sum", "arg"), skipped, stats, (float("-inf"), 0.0, 2**31 - 1),
                                                strict=True):
-                part, read = part.view(3, 5, plan.splits), read.view(3, 5, plan.splits)
+                part, read = part.view(3, 5, -1)[..., :plan.splits], read.view(3, 5, -1)[..., :plan.splits]
                 if not (bool((part[empty] == blank).all()) and torch.equal(part[~empty], read[~empty])):
                     failures.append(f"{dtype} span {span}: skipped {name} partials {part.tolist()}")
     return "; ".join(failures) or None
