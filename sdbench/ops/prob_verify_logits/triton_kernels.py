@@ -313,8 +313,8 @@ def _row_stats_program(
             if tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel") == splits - 1:
                 parts = row * SPLITS_PAD + tl.arange(0, SPLITS_PAD)
                 valid = tl.arange(0, SPLITS_PAD) < splits
-                # (new names: a tensor must keep its shape across Triton's branches; unmasked, 16-byte loads, the
-                # padding never written and never used: `_rows_stats`)
+                # (new names: a tensor must keep its shape across Triton's branches; unmasked, so they load as
+                # vectors; the padding after the row's splits is never used: `_rows_stats`)
                 part_max = tl.where(valid, tl.load(stats_max_ptr + parts, cache_modifier=".cg"), float("-inf"))
                 part_sum = tl.load(stats_sum_ptr + parts, cache_modifier=".cg")
                 part_arg = tl.load(stats_arg_ptr + parts, cache_modifier=".cg")
@@ -403,10 +403,11 @@ def _rows_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, first_row, rows, sp
     """(M, S, A) [PAD] of the `rows` logits rows first_row, first_row + 1, ..., each combined over its `splits`
     partials (rows past `rows`: M = -inf, S = 0, A = NO_INDEX). A row's partials lie SPLITS_PAD apart
     (`allocate_stats`), a stride Triton knows, and load masked by row only, so whole 16-byte vectors of them load at
-    once; the padding past `splits` (never written) is replaced after the load. (Masked by `parts < splits` with the
+    once; the padding past `splits` (pass 1 never writes it) is replaced after the load. (Masked by `parts < splits` with the
     stride `splits`, the loads were scalar wherever splits was not a multiple of 16, the only integers Triton
-    specialises on: at b = 1, γ = 16, V = 151936, fp32, 30 partials a row, the race had 85 scalar loads where 32
-    gave it 58 with six 16-byte ones; docs/perf-notes.md, "Session 27".) Every row's combine is the same formula
+    specialises on: at b = 1, γ = 16, V = 151936, fp32, 30 partials a row, the race's PTX had 101 global loads, none
+    of them vectors; with the stride known, 74 with six vectors, and 7 programs an SM instead of 4; docs/perf-notes.md,
+    "Session 27".) Every row's combine is the same formula
     whatever PAD, but the addition tree follows the layout of the [PAD, SPLITS_PAD] tile, so two callers with
     different PADs can differ in S's last bit; the max and the argmax agree exactly."""
     row = tl.arange(0, PAD)[:, None]
@@ -974,7 +975,7 @@ def _race_program(
     stats (and, with PDL, before the wait), or after them (the order measured faster without PDL at b = 1).
     LEAN_SCAN (a program that scans, token rule): it combines only the rows it reads, position by position
     (`_position_stats`), not all 2γ+1 rows and then picks (`_combined_stats`; the same rows and formula, S up to its
-    last bit where a row has a multiple of 16 partials: `_rows_stats`)."""
+    last bit, since each tile's layout sets the addition tree: `_rows_stats`)."""
     b = b.to(tl.int64)
     mark = (b * chunks + chunk) * RACE_MARKS
     _mark(timeline_ptr, mark, chunk, TIMELINE)
@@ -1525,11 +1526,12 @@ def partials_stride(splits: int) -> int:
 
 
 def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(max, Σexp, argmax) partials of the B·(2γ+1) rows, `partials_stride(splits)` a row; the padding is never
-    written, and the readers never use it."""
+    """(max, Σexp, argmax) partials of the B·(2γ+1) rows, `partials_stride(splits)` a row. The readers load the
+    padding after a row's splits and never use it; zeroed here, once (scratch is allocated when a launch is
+    prepared), so what they load was at least written (compute-sanitizer's initcheck)."""
     count = batch * (2 * gamma + 1) * partials_stride(splits)
-    return (torch.empty(count, dtype=torch.float32, device=device), torch.empty(count, dtype=torch.float32, device=device),
-            torch.empty(count, dtype=torch.int32, device=device))
+    return (torch.zeros(count, dtype=torch.float32, device=device), torch.zeros(count, dtype=torch.float32, device=device),
+            torch.zeros(count, dtype=torch.int32, device=device))
 
 
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,

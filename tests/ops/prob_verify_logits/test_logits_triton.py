@@ -16,6 +16,7 @@ with a reason. Its χ² exactness: test_logits_exactness.py.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -213,19 +214,8 @@ def _run_cases() -> dict[str, str | None]:
         poisoned, so a reader that took the padding after a row's partials (never written) as one would differ."""
         failures = []
         stops = set()
-        allocate = kernels.allocate_stats
-
-        def poisoned(*args):
-            parts = allocate(*args)
-            for part, poison in zip(parts, (float("inf"), float("nan"), 0), strict=True):
-                part.fill_(poison)
-            return parts
-
-        kernels.allocate_stats = poisoned
-        try:
+        with _poisoned_stats(kernels):
             return _any_split_failures(failures, stops)
-        finally:
-            kernels.allocate_stats = allocate
 
     def _any_split_failures(failures, stops):
         for gamma, noise in ((2, 0.5), (5, 0.0)):
@@ -281,11 +271,12 @@ def _run_cases() -> dict[str, str | None]:
         inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                        w.draft_temperature, w.uniforms, w.exponential_noise)
         failures = []
-        for span in (64, 128, 320):
+        for span in (64, 128, 320):  # (5, 3 and 1 splits: the partials' stride pads 5 and 3, poisoned)
             for lag in range(1, 6):
                 outputs = allocate_outputs(w)
-                kernels.fused_logits_launcher(inputs, outputs, fast=False, single=True, lag=lag,
-                                              stats_plan_=kernels.StatsPlan(span=span, splits=-(-300 // span)))()
+                with _poisoned_stats(kernels):
+                    kernels.fused_logits_launcher(inputs, outputs, fast=False, single=True, lag=lag,
+                                                  stats_plan_=kernels.StatsPlan(span=span, splits=-(-300 // span)))()
                 if not (torch.equal(outputs["output_tokens"], want["output_tokens"])
                         and torch.equal(outputs["accepted_lengths"], want["accepted_lengths"])
                         and outputs["error_flags"].tolist() == [0, 0, 0, TOKEN_OUT_OF_RANGE, 0]):
@@ -294,7 +285,8 @@ def _run_cases() -> dict[str, str | None]:
         fast_inputs = kernels.LogitsTensors(fast.draft_tokens, fast.target_logits, fast.draft_logits,
                                             fast.target_temperature, fast.draft_temperature, fast.uniforms,
                                             fast.exponential_noise)
-        peer = snapshot(vllm.prepare(fast))
+        with _poisoned_stats(kernels):  # (the peer's pass 1 plans 5 splits here: its partials' stride pads them to 8)
+            peer = snapshot(vllm.prepare(fast))
         two = allocate_outputs(fast)
         kernels.fused_logits_launcher(fast_inputs, two, fast=True, seed=fast.seed, offset=fast.offset)()
         for sample, expected in (("race", peer), ("cdf", two)):
@@ -377,6 +369,26 @@ def _run_cases() -> dict[str, str | None]:
         record(case, run)
     _run_block_cases(record, snapshot)
     return verdicts
+
+
+@contextlib.contextmanager
+def _poisoned_stats(kernels):
+    """Every stats buffer the launchers allocate meanwhile starts poisoned (+inf max, NaN Σexp, argmax 0): the
+    padding after a row's partials (`partials_stride`) is loaded and must never be used as a partial; a reader that
+    did would take a max of +inf."""
+    allocate = kernels.allocate_stats
+
+    def poisoned(*args):
+        parts = allocate(*args)
+        for part, poison in zip(parts, (float("inf"), float("nan"), 0), strict=True):
+            part.fill_(poison)
+        return parts
+
+    kernels.allocate_stats = poisoned
+    try:
+        yield
+    finally:
+        kernels.allocate_stats = allocate
 
 
 def _row_stats_failures(kernels) -> str | None:
@@ -538,17 +550,21 @@ def _run_block_cases(record, snapshot) -> None:
 
     def any_split():
         """The split of either stream (and pass 1's step) changes the partials (and r_i's summation order), not the
-        tokens; nor does the order of the race's loads (tokens_first)."""
+        tokens; nor does the order of the race's loads (tokens_first). The stats buffers start poisoned: at 3 splits
+        uncombined (span 96), the padding after each row's partials is read and must not be used."""
         w = make_logits_workload(LogitsConfig(2, 3, vocab_size=200, rule="block", seed=22))
         seen = []
         for span, mass_span, combine, step, first in ((64, 64, True, None, False), (128, 200, True, None, True),
                                                       (200, 128, True, None, False), (64, 128, False, None, True),
+                                                      (96, 64, False, None, False),
                                                       (128, 64, True, 2 * kernels.STATS_TILE, False)):
             outputs = allocate_outputs(w)
-            kernels.fused_logits_launcher(inputs(w), outputs, fast=False, rule="block", combine=combine,
-                                          tokens_first=first,
-                                          stats_plan_=kernels.StatsPlan(span, -(-200 // span), step),
-                                          mass_plan=kernels.StatsPlan(span=mass_span, splits=-(-200 // mass_span)))()
+            with _poisoned_stats(kernels):
+                kernels.fused_logits_launcher(inputs(w), outputs, fast=False, rule="block", combine=combine,
+                                              tokens_first=first,
+                                              stats_plan_=kernels.StatsPlan(span, -(-200 // span), step),
+                                              mass_plan=kernels.StatsPlan(span=mass_span,
+                                                                          splits=-(-200 // mass_span)))()
             seen.append(outputs["output_tokens"].clone())
         same = all(torch.equal(tokens, seen[0]) for tokens in seen)
         return None if same else f"tokens differ by split: {seen}"
