@@ -7,6 +7,8 @@ Bars, in GPU time: `fused_logits` lowest of every design at every (b, γ, V, dty
 BAR_SCALE × floor + BAR_SLACK_US where the floor (every logits row read once at the run's copy ceiling) is at
 least BAR_MIN_FLOOR_US; and its speedup over softmax + FlashInfer at b = 32, V = 128256 (the issue asks ≥ 2×).
 A state where a design has no time (its row's `reason` says why) is listed, not counted as a win or a loss.
+--copy-tbps recomputes every floor from its row's bytes at one ceiling (TB/s), so grids whose runs measured different
+ceilings are held to one bar; by default each row's floor is its own run's.
 Reads with the standard library's csv: the GPU host, where the grid is written, has no polars.
 """
 
@@ -33,6 +35,13 @@ State = tuple[int, int, int, str, str]  # (b, γ, V, dtype, L2)
 
 def bar_us(floor_us: float) -> float:
     return BAR_SCALE * floor_us + BAR_SLACK_US
+
+
+def floor_of(row: dict[str, str], copy_tbps: float | None = None) -> float:
+    """The row's floor in µs: its own run's, or (copy_tbps) its bytes (`floor_bytes`) read at that ceiling."""
+    if copy_tbps is None:
+        return float(row["floor_us"])
+    return float(row["floor_bytes"]) / (copy_tbps * 1e6)
 
 
 @dataclass
@@ -72,7 +81,7 @@ def _us(row: dict[str, str] | None) -> float | None:
     return float(row["gpu_us"]) if row and row.get("gpu_us") else None
 
 
-def summarize(rows: list[dict[str, str]]) -> Summary:
+def summarize(rows: list[dict[str, str]], copy_tbps: float | None = None) -> Summary:
     out = Summary()
     for state, designs in sorted(by_state(rows).items()):
         ours = _us(designs.get(OURS))
@@ -91,7 +100,7 @@ def summarize(rows: list[dict[str, str]]) -> Summary:
                     out.closest = (state, ours, best, timed[best])
             else:
                 out.losses.append((state, ours, best, timed[best]))
-        floor = float(designs[OURS]["floor_us"])
+        floor = floor_of(designs[OURS], copy_tbps)
         if floor >= BAR_MIN_FLOOR_US:
             out.barred += 1
             counts = out.by_batch.setdefault(state[0], [0, 0])
@@ -142,7 +151,7 @@ def _number(us: float) -> str:
     return f"{us:.0f}" if us >= 100 else f"{us:.1f}" if us >= 10 else f"{us:.2f}"
 
 
-def gamma_table(rows: list[dict[str, str]], gamma: int) -> str:
+def gamma_table(rows: list[dict[str, str]], gamma: int, copy_tbps: float | None = None) -> str:
     """One γ's states in markdown: floor, each design's GPU µs (ours bold), ours ÷ the bar where it applies."""
     heads = ("b", "V", "dtype", "L2", "floor", *TABLE_HEADS, "÷ bar")
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
@@ -152,7 +161,7 @@ def gamma_table(rows: list[dict[str, str]], gamma: int) -> str:
     for (b, _, vocab, dtype, l2), designs in states:
         if OURS not in designs:
             continue
-        floor = float(designs[OURS]["floor_us"])
+        floor = floor_of(designs[OURS], copy_tbps)
         times = [_us(designs.get(name)) for name in TABLE_DESIGNS]
         cells = ["—" if us is None else _number(us) for us in times]
         cells[0] = f"**{cells[0]}**"
@@ -166,12 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", nargs="+", help="logits_bench CSVs; a later file's rows replace an earlier one's states")
     parser.add_argument("--gamma", type=int, default=None, help="also print this γ's table in markdown")
+    parser.add_argument("--copy-tbps", type=float, default=None,
+                        help="every floor from its row's bytes at this copy ceiling (TB/s), not its run's own")
     args = parser.parse_args(argv)
+    if args.copy_tbps is not None and not args.copy_tbps > 0:
+        parser.error(f"--copy-tbps must be a positive number of TB/s, got {args.copy_tbps}")
     rows = read_rows(args.csv)
-    print(report(summarize(rows)))
+    if args.copy_tbps is not None:
+        print(f"floors at {args.copy_tbps:g} TB/s (every row's floor_bytes), not each run's own ceiling")
+    print(report(summarize(rows, args.copy_tbps)))
     if args.gamma is not None:
         print()
-        print(gamma_table(rows, args.gamma))
+        print(gamma_table(rows, args.gamma, args.copy_tbps))
     return 0
 
 

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from sdbench.commands.logits_summary import bar_us, gamma_table, main, read_rows, summarize
+from sdbench.commands.logits_summary import bar_us, floor_of, gamma_table, main, read_rows, summarize
 
 FIELDS = ("design", "batch", "gamma", "vocab", "dtype", "l2", "floor_us", "gpu_us", "reason")
 
@@ -61,3 +61,33 @@ def test_gamma_table_rows_in_markdown():
     # b = 1 before b = 32; a floor under 5 µs has no ratio; a design without a time shows a dash
     assert table[2] == "| 1 | 32000 | bf16 | cold | 0.40 | **7.00** | 11.0 | — | 90.0 | — | — |"
     assert table[3] == "| 32 | 32000 | bf16 | cold | 6.00 | **12.0** | 11.5 | — | — | — | 1.11 |"
+
+
+
+def test_one_copy_ceiling_for_every_floor(tmp_path, capsys):
+    """--copy-tbps: each floor is its row's bytes at that ceiling, so a bar moves with it. Both barred states hold
+    30 MB. At 3 TB/s both floors are 10 µs (bars 16): the 12 µs miss passes. At 3.75 TB/s both are 8 µs (bars
+    13.4): the 15 µs pass misses, 12 still passes. Without it, each row's own floor."""
+    rows = _grid()
+    for row in rows:
+        row["floor_bytes"] = str(round(float(row["floor_us"]) * 3e6))  # 3 TB/s: the first state's 0.4 µs
+    for row in rows[3:]:
+        row["floor_bytes"] = "30000000"
+    assert floor_of(rows[0]) == pytest.approx(0.4) and floor_of(rows[0], 3.0) == pytest.approx(0.4)
+    own = summarize(rows)
+    assert (own.within_bar, own.barred) == (1, 2)
+    at_3 = summarize(rows, 3.0)
+    assert (at_3.within_bar, at_3.barred, at_3.misses) == (2, 2, [])
+    at_375 = summarize(rows, 3.75)
+    assert at_375.misses == [((32, 8, 128256, "float32", "warm"), 15.0, pytest.approx(8.0))]
+    assert gamma_table(rows, 4, 3.0).splitlines()[3].endswith("| 0.75 |")  # b = 32: 12 / 16
+    path = tmp_path / "grid.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=(*FIELDS, "floor_bytes"))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert main([str(path), "--copy-tbps", "3", "--gamma", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "floors at 3 TB/s" in out and "2 of 2" in out
+    with pytest.raises(SystemExit):
+        main([str(path), "--copy-tbps", "0"])
