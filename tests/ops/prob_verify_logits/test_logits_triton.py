@@ -371,6 +371,13 @@ def _run_cases() -> dict[str, str | None]:
     return verdicts
 
 
+def _poison(stats):
+    """(max, Σexp, argmax) partials filled with +inf, NaN and 0: wrong wherever a reader uses one pass 1 did not write."""
+    for part, poison in zip(stats, (float("inf"), float("nan"), 0), strict=True):
+        part.fill_(poison)
+    return stats
+
+
 @contextlib.contextmanager
 def _poisoned_stats(kernels):
     """Every stats buffer the launchers allocate meanwhile starts poisoned (+inf max, NaN Σexp, argmax 0): the
@@ -379,10 +386,7 @@ def _poisoned_stats(kernels):
     allocate = kernels.allocate_stats
 
     def poisoned(*args):
-        parts = allocate(*args)
-        for part, poison in zip(parts, (float("inf"), float("nan"), 0), strict=True):
-            part.fill_(poison)
-        return parts
+        return _poison(allocate(*args))
 
     kernels.allocate_stats = poisoned
     try:
@@ -443,9 +447,7 @@ def _row_stats_failures(kernels) -> str | None:
             combined = kernels.allocate_stats(3, 2, 1, target.device) + (torch.zeros(15, dtype=torch.int32),)
             # (the partials poisoned first: the padding after each row's splits is never written, and must never
             # be read as a partial; a max of +inf there would win the row's max, a NaN sum would spread)
-            partials = kernels.allocate_stats(3, 2, plan.splits, target.device)
-            for part, poison in zip(partials, (float("inf"), float("nan"), 0), strict=True):
-                part.fill_(poison)
+            partials = _poison(kernels.allocate_stats(3, 2, plan.splits, target.device))
             launch = kernels._stats_launch(inputs, partials, plan, combined=combined)
             for call in range(2):
                 launch()
