@@ -25,16 +25,20 @@ POINTER_TYPES = {  # the dtypes fused_logits_launcher passes (logits: bf16 here)
 SCALARS = {"seed": "i64"}  # every other scalar argument: i32
 
 
-def _compile(fn, constexprs: dict):
-    signature = {}
-    for name in fn.arg_names:
+def _compile(fn, constexprs: dict, aligned: bool = False):
+    """aligned: every pointer marked 16-byte aligned, as Triton marks a launch's torch tensors (the integers are
+    left unmarked, as a count that is not a multiple of 16 is)."""
+    signature, attrs = {}, {}
+    for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
             signature[name] = POINTER_TYPES.get(name, "*fp32")
+            if aligned:
+                attrs[(index,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = SCALARS.get(name, "i32")
-    source = ASTSource(fn=fn, signature=signature,
+    source = ASTSource(fn=fn, signature=signature, attrs=attrs,
                        constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()})
     try:
         return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -101,6 +105,18 @@ def test_scan_kernel_compiles_for_sm90(fast, flags, pdl, lean):
     ptx = _compile(kernels._scan_kernel, pads).asm["ptx"]
     assert "_scan_kernel" in ptx
     assert ("griddepcontrol.wait" in ptx) == pdl and ("griddepcontrol.launch_dependents" in ptx) == pdl
+
+
+def test_partials_load_as_vectors_at_any_split_count():
+    """Each row's partials lie SPLITS_PAD apart (`partials_stride`), so the scan kernel's loads of them are 16-byte
+    vectors even where `splits` (a runtime integer, here unmarked: 30 partials a row) is not a multiple of 16. With
+    the stride `splits` and a `parts < splits` mask they were scalar: 42 global loads, none a vector, at this point
+    (γ = 16, SPLITS_PAD = 32), against 15 with 6 vectors now."""
+    kernels = _kernels()
+    pads = dict(GAMMA=16, GAMMA_PAD=16, R_PAD=64, SPLITS_PAD=32, PRECISE_MATH=True, FAST=True, FLAGS=True, PDL=False,
+                LEAN_SCAN=True)
+    ptx = _compile(kernels._scan_kernel, pads, aligned=True).asm["ptx"]
+    assert "ld.global.v4" in ptx
 
 
 def test_block_mass_kernel_compiles_for_sm90():
