@@ -23,13 +23,13 @@ float32 rounding, see reference.py):
      and a launch between the passes would add its latency). Also available: "pass1", the sequence's
      last pass-1 row combines its row and scans, with acq_rel arrivals (COMBINE, SCAN).
   3. `_logits_race_kernel`, grid (B, programs), the prob `fused` sampler's shape (a program takes
-     `steps` chunks of at most RACE_CHUNK_MAX columns; one wave of programs, at least RACE_MIN_PROGRAMS
-     a sequence, `race_steps`): program (b, c) reads its chunk of target row k and draft row k (2 rows per
-     sequence: ~2/(2γ+1) of pass 1), turns them into p and q with the row-k normalisers, and (fast mode)
-     stores its chunks' residual masses, from which the last program to arrive draws the token by
-     inversion (`_cdf_pick`), or (supplied randomness) folds its best race key w/E into best[b] with a
-     64-bit atomic max; the last arrival writes the outputs (greedy targets skip the row: next = argmax
-     of row k).
+     `steps` chunks of at most RACE_CHUNK_MAX columns, or RACE_SCAN_CHUNK_MAX where it scans: `default_race_plan`;
+     one wave of programs, at least RACE_MIN_PROGRAMS a sequence, `race_steps`): program (b, c) reads its chunk
+     of target row k and draft row k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with
+     the row-k normalisers, and (fast mode) stores its chunks' residual masses, from which the last program to
+     arrive draws the token by inversion (`_cdf_pick`), or (supplied randomness) folds its best race key w/E
+     into best[b] with a 64-bit atomic max; the last arrival writes the outputs (greedy targets skip the row:
+     next = argmax of row k).
   On sm_90+ (`pdl_available`) the scan kernel and the race launch with programmatic dependent launch: each
   starts its programs and loads its inputs while the kernel ahead finishes, and waits for it
   (`_wait_for_prior_kernel`) before reading what it wrote (docs/perf-notes.md, "Session 23").
@@ -74,6 +74,7 @@ import triton.language as tl
 
 from sdbench.ops.input_contract import TOKEN_OUT_OF_RANGE as _TOKEN_OUT_OF_RANGE
 from sdbench.ops.prob_verify.triton_kernels import (
+    CHUNK_MAX,
     INTERPRETED,
     BoundLaunch,
     _accept_uniforms,
@@ -109,6 +110,7 @@ TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_cont
 STREAM_CDF = tl.constexpr(2)  # fast mode's Philox stream of the residual draw by inversion (0: accept, 1: race)
 RACE_PROGRAMS_PER_SM = 16  # the race's programs beyond this run several chunks each (race_steps)
 RACE_CHUNK_MAX = 1024  # race columns per step: 8 per thread at 4 warps (2048: 124 registers, 1.5x slower at b=512)
+RACE_SCAN_CHUNK_MAX = 2048  # ... where the race scans in every program (`default_race_plan`)
 STATS_MIN_TILES = 4  # pass-1 span once the rows' tiles exceed a wave: per-program fixed costs amortised
 STATS_WAVES = 4  # pass 1 aims at this many waves of resident programs (default_stats_plan)
 STATS_SPLITS_BELOW_WAVE = 32  # pass-1 partials a row at most where all of pass 1 fits one wave (stats_plan)
@@ -1431,13 +1433,26 @@ class RacePlan:
 def default_race_plan(batch: int, vocab: int, device: torch.device, per_sm: int = RACE_PER_SM_GUESS) -> RacePlan:
     """The prob sampler's chunk choice (small chunks at small B, for latency), capped on a GPU at
     RACE_CHUNK_MAX columns a step, then race_steps steps a program for one wave of `per_sm` resident
-    programs per SM (the launcher passes the compiled kernel's)."""
-    if device.type == "cuda":
-        race = default_fused_plan(batch, vocab, device, chunk_max=RACE_CHUNK_MAX)
-        wave = per_sm * _sms(device)
-    else:
-        race = default_fused_plan(batch, vocab, device)
-        wave = 2 * batch  # the interpreter: two programs per row, to exercise the loop and the combine
+    programs per SM (the launcher passes the compiled kernel's). Where those programs would not fill the machine
+    (`_race_fills_the_machine`: every race program then scans and combines its sequence's partials itself), the cap
+    is RACE_SCAN_CHUNK_MAX instead, as long as that still leaves two programs an SM. An empirical rule, from the H100
+    (docs/perf-notes.md, "Session 28"; b = 12-32 at V = 32000 and 128256). bf16: the graph view 0.4-1.4 µs shorter,
+    the gpu view level to 1 µs shorter. fp32: -0.8 to +0.4 µs. At b = 32, V = 32000 a sequence keeps 16 programs, of
+    one 2048-column step instead of two 1024-column ones. With fewer than two programs an SM it was slower (b = 2,
+    V = 151936, 150 programs: +0.3 µs). The scan kernel's placement is decided on the RACE_CHUNK_MAX plan, so it never
+    moves."""
+    if device.type != "cuda":  # the interpreter: two programs per row, to exercise the loop and the combine
+        return _race_plan(batch, vocab, device, CHUNK_MAX, 2 * batch)
+    wave = per_sm * _sms(device)
+    capped, larger = (_race_plan(batch, vocab, device, chunk_max, wave)
+                      for chunk_max in (RACE_CHUNK_MAX, RACE_SCAN_CHUNK_MAX))
+    if _race_fills_the_machine(batch, capped, device) or batch * larger.programs * larger.steps < 2 * _sms(device):
+        return capped
+    return larger
+
+
+def _race_plan(batch: int, vocab: int, device: torch.device, chunk_max: int, wave: int) -> RacePlan:
+    race = default_fused_plan(batch, vocab, device, chunk_max=chunk_max)
     steps = race_steps(batch, race.splits, wave)
     return RacePlan(rows=race.rows, steps=steps, programs=triton.cdiv(race.splits, steps), num_warps=race.num_warps)
 

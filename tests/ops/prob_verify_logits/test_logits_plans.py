@@ -107,6 +107,28 @@ def test_race_chunks_are_capped_on_a_gpu(h200):
     assert race.programs * race.steps * 4 * race.rows >= 128256
 
 
+@pytest.mark.parametrize("batch,vocab,columns", [
+    (32, 32000, 2048),  # 32 sequences of 32 chunks: the race scans in every program, so half as many programs
+    (16, 128256, 2048),
+    (4, 151936, 2048),  # 300 programs of 2048 columns: two an SM
+    (2, 151936, 1024),  # 150: fewer than two an SM, so the row's parallelism wins (H100: +0.3 µs at 2048)
+    (1, 151936, 1024),
+    (8, 32000, 1024),
+    (32, 128256, 1024),  # the race fills the machine (the scan kernel runs): unchanged
+    (128, 32000, 1024),
+    (512, 128256, 1024),
+    (2, 32000, 512),  # too few programs at 1024 already: the prob sampler's smaller chunks, as before
+])
+def test_where_the_race_scans_in_every_program_its_chunks_are_larger(h200, batch, vocab, columns):
+    race = kernels.default_race_plan(batch, vocab, h200)
+    assert 4 * race.rows == columns
+    assert race.programs * race.steps * 4 * race.rows >= vocab
+    # the scan's placement follows the RACE_CHUNK_MAX plan: larger chunks only where it is "race" there already
+    capped = kernels.RacePlan(rows=kernels.RACE_CHUNK_MAX // 4, steps=1, programs=-(-vocab // kernels.RACE_CHUNK_MAX),
+                              num_warps=4)
+    assert kernels.default_scan(batch, race, h200) == kernels.default_scan(batch, capped, h200)
+
+
 def test_pass_one_takes_several_tiles_once_a_wave_is_full(h200):
     plan = kernels.default_stats_plan(1, 16, 128256, h200)  # 33 rows × 126 tiles > a wave of 12 per SM
     assert plan.span >= kernels.STATS_MIN_TILES * kernels.STATS_TILE
