@@ -351,7 +351,7 @@ def test_plans_fill_waves_of_the_compiled_kernels():
     plan, race = launch.plans
     device = torch.device(DEVICE)
     assert plan == kernels.default_stats_plan(32, 8, 128256, device, per_sm=stats_per_sm)
-    assert race == kernels.default_race_plan(32, 128256, device, per_sm=race_per_sm)
+    assert race == kernels.default_race_plan(32, 128256, device, per_sm=race_per_sm, token_race=True)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     assert 32 * race.programs <= race_per_sm * sms
     assert 32 * (2 * 8 + 1) * plan.splits >= 3 * stats_per_sm * sms  # several waves of pass 1

@@ -313,6 +313,9 @@ def _row_stats_program(
         if COMBINE:
             # release: this program's partial is visible before its arrival; the last arrival acquires all
             if tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel") == splits - 1:
+                # `_rows_stats`' formula for one row, written out: through `_rows_stats` (a [2, SPLITS_PAD] tile, then
+                # a pick) the block rule took 0.2-0.8 µs longer at b = 32, V = 32000, bf16, warm, on the H100
+                # (docs/perf-notes.md, "Session 28"): this combine is the row's last arrival's, on the critical path
                 parts = row * SPLITS_PAD + tl.arange(0, SPLITS_PAD)
                 valid = tl.arange(0, SPLITS_PAD) < splits
                 # (new names: a tensor must keep its shape across Triton's branches; unmasked, so they load as
@@ -1430,23 +1433,27 @@ class RacePlan:
     num_warps: int
 
 
-def default_race_plan(batch: int, vocab: int, device: torch.device, per_sm: int = RACE_PER_SM_GUESS) -> RacePlan:
+def default_race_plan(batch: int, vocab: int, device: torch.device, per_sm: int = RACE_PER_SM_GUESS,
+                      token_race: bool = False) -> RacePlan:
     """The prob sampler's chunk choice (small chunks at small B, for latency), capped on a GPU at
     RACE_CHUNK_MAX columns a step, then race_steps steps a program for one wave of `per_sm` resident
-    programs per SM (the launcher passes the compiled kernel's). Where those programs would not fill the machine
-    (`_race_fills_the_machine`: every race program then scans and combines its sequence's partials itself), the cap
-    is RACE_SCAN_CHUNK_MAX instead, as long as that still leaves two programs an SM. An empirical rule, from the H100
-    (docs/perf-notes.md, "Session 28"; b = 12-32 at V = 32000 and 128256). bf16: the graph view 0.4-1.4 µs shorter,
-    the gpu view level to 1 µs shorter. fp32: -0.8 to +0.4 µs. At b = 32, V = 32000 a sequence keeps 16 programs, of
-    one 2048-column step instead of two 1024-column ones. With fewer than two programs an SM it was slower (b = 2,
-    V = 151936, 150 programs: +0.3 µs). The scan kernel's placement is decided on the RACE_CHUNK_MAX plan, so it never
-    moves."""
+    programs per SM (the launcher passes the compiled kernel's).
+    token_race (the token rule's race in fused_logits' two launches): where those programs would not fill the
+    machine (`_race_fills_the_machine`: every race program then scans and combines its sequence's partials
+    itself), the cap is RACE_SCAN_CHUNK_MAX instead, as long as that still leaves two programs an SM. An empirical
+    rule, from the H100 (docs/perf-notes.md, "Session 28"; b = 8-64 at V = 32000, 128256 and 151936). bf16: the
+    graph view 0.2-1.4 µs shorter, the gpu view 1.1 shorter to 0.4 longer. fp32: -0.8 to +0.4 µs. At b = 32, V = 32000 a
+    sequence keeps 16 programs, of one 2048-column step instead of two 1024-column ones. With fewer than two
+    programs an SM it was slower (b = 2, V = 151936, 150 programs: +0.3 µs). The scan kernel's placement is decided
+    on the RACE_CHUNK_MAX plan, so it never moves. The block rule's race keeps RACE_CHUNK_MAX, as the one launch does:
+    neither was timed with the rule alone (the block rule was 0.2-0.9 µs slower with it and another change at once)."""
     if device.type != "cuda":  # the interpreter: two programs per row, to exercise the loop and the combine
         return _race_plan(batch, vocab, device, CHUNK_MAX, 2 * batch)
     wave = per_sm * _sms(device)
     capped, larger = (_race_plan(batch, vocab, device, chunk_max, wave)
                       for chunk_max in (RACE_CHUNK_MAX, RACE_SCAN_CHUNK_MAX))
-    if _race_fills_the_machine(batch, capped, device) or batch * larger.programs * larger.steps < 2 * _sms(device):
+    if (not token_race or _race_fills_the_machine(batch, capped, device)
+            or batch * larger.programs * larger.steps < 2 * _sms(device)):
         return capped
     return larger
 
@@ -1656,7 +1663,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     element_size = t.target_logits.element_size()
     plan = stats_plan_ or default_stats_plan(batch, gamma, vocab, device, element_size=element_size,
                                              max_splits=stats_max_splits)
-    race = race_plan or default_race_plan(batch, vocab, device)
+    race = race_plan or default_race_plan(batch, vocab, device, token_race=rule == "token")
     if rule == "block":
         scan = "race"
     elif scan is None:  # (combine=True asks pass 1 to combine: the scan kernel would combine again)
@@ -1672,7 +1679,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             plan = default_stats_plan(batch, gamma, vocab, device, per_sm=stats_per_sm, element_size=element_size,
                                       max_splits=stats_max_splits)
         if race_plan is None and race_per_sm is not None:
-            race = default_race_plan(batch, vocab, device, per_sm=race_per_sm)
+            race = default_race_plan(batch, vocab, device, per_sm=race_per_sm, token_race=rule == "token")
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
                                           combine, timeline, pdl, tokens_first, lean_scan)

@@ -108,7 +108,7 @@ def test_race_chunks_are_capped_on_a_gpu(h200):
 
 
 @pytest.mark.parametrize("batch,vocab,columns", [
-    (32, 32000, 2048),  # 32 sequences of 32 chunks: the race scans in every program, so half as many programs
+    (32, 32000, 2048),  # 32 sequences of 32 chunks: the race scans in every program; one 2048-column step each
     (16, 128256, 2048),
     (4, 151936, 2048),  # 300 programs of 2048 columns: two an SM
     (2, 151936, 1024),  # 150: fewer than two an SM, so the row's parallelism wins (H100: +0.3 µs at 2048)
@@ -120,12 +120,14 @@ def test_race_chunks_are_capped_on_a_gpu(h200):
     (2, 32000, 512),  # too few programs at 1024 already: the prob sampler's smaller chunks, as before
 ])
 def test_where_the_race_scans_in_every_program_its_chunks_are_larger(h200, batch, vocab, columns):
-    race = kernels.default_race_plan(batch, vocab, h200)
+    race = kernels.default_race_plan(batch, vocab, h200, token_race=True)
     assert 4 * race.rows == columns
+    # the block rule's race and the one launch keep the RACE_CHUNK_MAX plan
+    assert kernels.default_race_plan(batch, vocab, h200) == kernels._race_plan(
+        batch, vocab, h200, kernels.RACE_CHUNK_MAX, kernels.RACE_PER_SM_GUESS * 132)
     assert race.programs * race.steps * 4 * race.rows >= vocab
     # the scan's placement follows the RACE_CHUNK_MAX plan: larger chunks only where it is "race" there already
-    capped = kernels.RacePlan(rows=kernels.RACE_CHUNK_MAX // 4, steps=1, programs=-(-vocab // kernels.RACE_CHUNK_MAX),
-                              num_warps=4)
+    capped = kernels._race_plan(batch, vocab, h200, kernels.RACE_CHUNK_MAX, kernels.RACE_PER_SM_GUESS * 132)
     assert kernels.default_scan(batch, race, h200) == kernels.default_scan(batch, capped, h200)
 
 
