@@ -1442,11 +1442,12 @@ def default_race_plan(batch: int, vocab: int, device: torch.device, per_sm: int 
     machine (`_race_fills_the_machine`: every race program then scans and combines its sequence's partials
     itself), the cap is RACE_SCAN_CHUNK_MAX instead, as long as that still leaves two programs an SM. An empirical
     rule, from the H100 (docs/perf-notes.md, "Session 28"; b = 8-64 at V = 32000, 128256 and 151936). bf16: the
-    graph view 0.2-1.4 µs shorter, the gpu view 1.1 shorter to 0.4 longer. fp32: -0.8 to +0.4 µs. At b = 32, V = 32000 a
-    sequence keeps 16 programs, of one 2048-column step instead of two 1024-column ones. With fewer than two
-    programs an SM it was slower (b = 2, V = 151936, 150 programs: +0.3 µs). The scan kernel's placement is decided
-    on the RACE_CHUNK_MAX plan, so it never moves. The block rule's race keeps RACE_CHUNK_MAX, as the one launch does:
-    neither was timed with the rule alone (the block rule was 0.2-0.9 µs slower with it and another change at once)."""
+    graph view 0.2-1.4 µs shorter, the gpu view 1.1 shorter to 0.4 longer. fp32: -0.8 to +0.4 µs. At b = 32,
+    V = 32000 a sequence keeps 16 programs, of one 2048-column step instead of two 1024-column ones. With fewer than
+    two programs an SM it was slower (b = 2, V = 151936, 150 programs: +0.3 µs). The scan kernel's placement is
+    decided on the RACE_CHUNK_MAX plan, so it never moves. The block rule's race keeps RACE_CHUNK_MAX, as the one
+    launch does: neither was timed with the rule alone (the block rule was 0.2-0.9 µs slower with it and another
+    change at once)."""
     if device.type != "cuda":  # the interpreter: two programs per row, to exercise the loop and the combine
         return _race_plan(batch, vocab, device, CHUNK_MAX, 2 * batch)
     wave = per_sm * _sms(device)
