@@ -1445,9 +1445,10 @@ def default_race_plan(batch: int, vocab: int, device: torch.device, per_sm: int 
     graph view 0.2-1.4 µs shorter, the gpu view 1.1 shorter to 0.4 longer. fp32: -0.8 to +0.4 µs. At b = 32,
     V = 32000 a sequence keeps 16 programs, of one 2048-column step instead of two 1024-column ones. With fewer than
     two programs an SM it was slower (b = 2, V = 151936, 150 programs: +0.3 µs). The scan kernel's placement is
-    decided on the RACE_CHUNK_MAX plan, so it never moves. The block rule's race keeps RACE_CHUNK_MAX, as the one
-    launch does: neither was timed with the rule alone (the block rule was 0.2-0.9 µs slower with it and another
-    change at once)."""
+    decided on the RACE_CHUNK_MAX plan, so it never moves. The one launch (token rule) takes the same plan, so its
+    draws are the two launches' (its chunks set the inversion's masses); it was not timed with it. The block rule's
+    race keeps RACE_CHUNK_MAX: it was not timed with the rule alone (0.2-0.9 µs slower with it and another change at
+    once)."""
     if device.type != "cuda":  # the interpreter: two programs per row, to exercise the loop and the combine
         return _race_plan(batch, vocab, device, CHUNK_MAX, 2 * batch)
     wave = per_sm * _sms(device)
@@ -1790,12 +1791,12 @@ def _one_launch_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     element_size = t.target_logits.element_size()
     launch = _one_launch(t, outputs, fast, seed, offset,
                          plan or default_stats_plan(batch, gamma, vocab, device, element_size=element_size),
-                         race or default_race_plan(batch, vocab, device), sample, lag, maxnreg)
+                         race or default_race_plan(batch, vocab, device, token_race=True), sample, lag, maxnreg)
     if device.type == "cuda" and not INTERPRETED and (plan is None or race is None):
         per_sm = launch.stats_launch.programs_per_sm()
         if per_sm is not None:
             better = (plan or default_stats_plan(batch, gamma, vocab, device, per_sm=per_sm, element_size=element_size),
-                      race or default_race_plan(batch, vocab, device, per_sm=per_sm))
+                      race or default_race_plan(batch, vocab, device, per_sm=per_sm, token_race=True))
             if better != launch.plans:
                 launch = _one_launch(t, outputs, fast, seed, offset, *better, sample, lag, maxnreg)
             launch.programs_per_sm = (per_sm, per_sm)

@@ -122,7 +122,7 @@ def test_race_chunks_are_capped_on_a_gpu(h200):
 def test_where_the_race_scans_in_every_program_its_chunks_are_larger(h200, batch, vocab, columns):
     race = kernels.default_race_plan(batch, vocab, h200, token_race=True)
     assert 4 * race.rows == columns
-    # the block rule's race and the one launch keep the RACE_CHUNK_MAX plan
+    # the block rule's race keeps the RACE_CHUNK_MAX plan
     assert kernels.default_race_plan(batch, vocab, h200) == kernels._race_plan(
         batch, vocab, h200, kernels.RACE_CHUNK_MAX, kernels.RACE_PER_SM_GUESS * 132)
     assert race.programs * race.steps * 4 * race.rows >= vocab
