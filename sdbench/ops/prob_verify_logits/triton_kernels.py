@@ -110,7 +110,7 @@ TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_cont
 STREAM_CDF = tl.constexpr(2)  # fast mode's Philox stream of the residual draw by inversion (0: accept, 1: race)
 RACE_PROGRAMS_PER_SM = 16  # the race's programs beyond this run several chunks each (race_steps)
 RACE_CHUNK_MAX = 1024  # race columns per step: 8 per thread at 4 warps (2048: 124 registers, 1.5x slower at b=512)
-RACE_SCAN_CHUNK_MAX = 2048  # ... where the race scans in every program (`default_race_plan`)
+RACE_SCAN_CHUNK_MAX = 2048  # ... where the token race scans in every program (`default_race_plan`)
 STATS_MIN_TILES = 4  # pass-1 span once the rows' tiles exceed a wave: per-program fixed costs amortised
 STATS_WAVES = 4  # pass 1 aims at this many waves of resident programs (default_stats_plan)
 STATS_SPLITS_BELOW_WAVE = 32  # pass-1 partials a row at most where all of pass 1 fits one wave (stats_plan)
