@@ -408,13 +408,13 @@ def _rows_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, first_row, rows, sp
     """(M, S, A) [PAD] of the `rows` logits rows first_row, first_row + 1, ..., each combined over its `splits`
     partials (rows past `rows`: M = -inf, S = 0, A = NO_INDEX). A row's partials lie SPLITS_PAD apart
     (`allocate_stats`), a stride Triton knows, and load masked by row only, so whole 16-byte vectors of them load at
-    once; the padding past `splits` (pass 1 never writes it) is replaced after the load. (Masked by `parts < splits` with the
-    stride `splits`, the loads were scalar wherever splits was not a multiple of 16, the only integers Triton
-    specialises on: at b = 1, γ = 16, V = 151936, fp32, 30 partials a row, the race's PTX had 101 global loads, none
-    of them vectors; with the stride known, 74 with six vectors, and 7 programs an SM instead of 4; docs/perf-notes.md,
-    "Session 27".) Every row's combine is the same formula
-    whatever PAD, but the addition tree follows the layout of the [PAD, SPLITS_PAD] tile, so two callers with
-    different PADs can differ in S's last bit; the max and the argmax agree exactly."""
+    once; the padding past `splits` (pass 1 never writes it) is replaced after the load. (Masked by `parts < splits`
+    with the stride `splits`, the loads were scalar wherever splits was not a multiple of 16, the only integers
+    Triton specialises on: at b = 1, γ = 16, V = 151936, fp32, 30 partials a row, the race's PTX had 101 global
+    loads, none of them vectors; with the stride known, 74 with six vectors, and 7 programs an SM instead of 4;
+    docs/perf-notes.md, "Session 27".) Every row's combine is the same formula whatever PAD, but the addition tree
+    follows the layout of the [PAD, SPLITS_PAD] tile, so two callers with different PADs can differ in S's last bit;
+    the max and the argmax agree exactly."""
     row = tl.arange(0, PAD)[:, None]
     parts = tl.arange(0, SPLITS_PAD)[None, :]
     in_rows = tl.broadcast_to(row < rows, [PAD, SPLITS_PAD])
@@ -1452,12 +1452,11 @@ def default_race_plan(batch: int, vocab: int, device: torch.device, per_sm: int 
     if device.type != "cuda":  # the interpreter: two programs per row, to exercise the loop and the combine
         return _race_plan(batch, vocab, device, CHUNK_MAX, 2 * batch)
     wave = per_sm * _sms(device)
-    capped, larger = (_race_plan(batch, vocab, device, chunk_max, wave)
-                      for chunk_max in (RACE_CHUNK_MAX, RACE_SCAN_CHUNK_MAX))
-    if (not token_race or _race_fills_the_machine(batch, capped, device)
-            or batch * larger.programs * larger.steps < 2 * _sms(device)):
+    capped = _race_plan(batch, vocab, device, RACE_CHUNK_MAX, wave)
+    if not token_race or _race_fills_the_machine(batch, capped, device):
         return capped
-    return larger
+    larger = _race_plan(batch, vocab, device, RACE_SCAN_CHUNK_MAX, wave)
+    return larger if batch * larger.programs * larger.steps >= 2 * _sms(device) else capped
 
 
 def _race_plan(batch: int, vocab: int, device: torch.device, chunk_max: int, wave: int) -> RacePlan:

@@ -214,10 +214,6 @@ def _run_cases() -> dict[str, str | None]:
         poisoned, so a reader that took the padding after a row's partials (never written) as one would differ."""
         failures = []
         stops = set()
-        with _poisoned_stats(kernels):
-            return _any_split_failures(failures, stops)
-
-    def _any_split_failures(failures, stops):
         for gamma, noise in ((2, 0.5), (5, 0.0)):
             w = make_logits_workload(LogitsConfig(3, gamma, vocab_size=300, draft_noise=noise, seed=9))
             w.draft_tokens[1, 1] = 300  # a bad id: its flag comes from whichever kernel scans
@@ -240,8 +236,9 @@ def _run_cases() -> dict[str, str | None]:
                     continue
                 outputs = allocate_outputs(w)
                 plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
-                kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan, scan=scan,
-                                              combine=combine, tokens_first=tokens_first, lean_scan=lean)()
+                with _poisoned_stats(kernels):
+                    kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=plan, scan=scan,
+                                                  combine=combine, tokens_first=tokens_first, lean_scan=lean)()
                 if not (torch.equal(outputs["output_tokens"], want["output_tokens"])
                         and torch.equal(outputs["accepted_lengths"], want["accepted_lengths"])
                         and outputs["error_flags"].tolist() == [0, TOKEN_OUT_OF_RANGE, 0]):
