@@ -16,7 +16,13 @@ Views (one per way a serving engine pays for the work):
            per iteration (their durations summed less any overlap: a kernel launched with programmatic
            dependent launch starts inside the one before it; `busy_us`), over a bounded number of
            iterations (the profiler's post-processing is the cost),
-           after untimed warm-up calls outside the profiler session. Warm L2: an untimed call of the
+           after untimed warm-up calls outside the profiler session. Each timed call is queued behind
+           the blocking kernel (untimed, outside the iteration), so all its launches reach the GPU before
+           its first kernel starts, as when an engine's host runs ahead of the device: with the device
+           idle instead, a dependent launch (programmatic dependent launch) that the host issues after
+           its primary has ended gets none of the overlap the device gives it when queued (measured on
+           the H100 for the two-launch from-logits step: 0.5-1.2 µs at b = 32-128; perf-notes,
+           "Session 29"). Idle gaps between kernels count in neither case. Warm L2: an untimed call of the
            same callable right before each timed one, so the L2 holds its own data, not the previous
            callable's. CUPTI can lose every record of one kernel in a session while keeping the others:
            each kernel launch in an iteration must have its device record, or that callable's session
@@ -403,7 +409,9 @@ def graph_copies(per_copy_us: float) -> int:
 
 
 def _block_stream() -> None:
-    """The blocking kernel: a GPU spin that holds the stream while the host queues what follows it."""
+    """The blocking kernel: a GPU spin that holds the stream while the host queues what follows it
+    (the graph view's replay and events; the gpu view's timed call, launched outside its annotation so
+    that no iteration counts it)."""
     torch.cuda._sleep(BLOCKING_CYCLES)
 
 
@@ -585,6 +593,7 @@ def _profile_session(callables, device, options, flush, results) -> DeviceAttrib
                         # design of a grid always followed one that writes ~the whole L2)
                         callables[name]()
                     torch.cuda.synchronize(device)
+                    _block_stream()  # the call's launches queue behind it: the host ahead of the device
                     with record_function(f"{_MARK}{names.index(name)}:{iteration}"):
                         callables[name]()
                 except Exception as err:

@@ -111,6 +111,29 @@ def test_gpu_view_sees_every_kernel_launch_and_its_record():
     assert all(attribution.per_iteration[(0, i)] > 0 for i in range(SHORT.gpu_iters))
 
 
+def test_gpu_view_queues_each_timed_call_behind_device_work():
+    """The gpu view times a call whose launches all wait behind the blocking kernel, as an engine's host
+    runs ahead of the device: at each timed call's start the stream still has work. The untimed calls
+    (warm-up, and the warm-L2 call before each timed one) start on an idle device, so they say nothing."""
+    x = torch.zeros(1024, device=DEVICE)
+    stream_busy = []
+
+    def probe():
+        stream_busy.append(not torch.cuda.current_stream().query())
+        x.add_(1.0)
+
+    for cold_l2 in (False, True):
+        stream_busy.clear()
+        options = timing.TimingOptions(warmup=2, iters=6, gpu_iters=6, views=("gpu",), cold_l2=cold_l2)
+        measured = timing.measure({"probe": probe}, DEVICE, options)["probe"]["gpu"]
+        assert measured.status == "ok", measured.reason
+        # the calls: the warm-up, then per iteration [the warm-L2 call,] the timed call
+        per_iteration = 1 if cold_l2 else 2
+        assert len(stream_busy) == options.warmup + per_iteration * options.gpu_iters
+        timed = stream_busy[options.warmup + per_iteration - 1::per_iteration]
+        assert len(timed) == options.gpu_iters and all(timed), (cold_l2, stream_busy)
+
+
 def test_gpu_view_blames_a_failing_warm_up_on_its_callable():
     """A callable that raises in the gpu view's warm-up is an error with its reason; the others are timed."""
     x = torch.zeros(1024, device=DEVICE)
