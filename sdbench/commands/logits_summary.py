@@ -8,7 +8,8 @@ BAR_SCALE × floor + BAR_SLACK_US where the floor (every logits row read once at
 least BAR_MIN_FLOOR_US; and its speedup over softmax + FlashInfer at b = 32, V = 128256 (the issue asks ≥ 2×).
 A state where a design has no time (its row's `reason` says why) is listed, not counted as a win or a loss.
 --copy-tbps recomputes every floor from its row's bytes at one ceiling (TB/s), so grids whose runs measured different
-ceilings are held to one bar; by default each row's floor is its own run's.
+ceilings are held to one bar; by default each row's floor is its own run's, and the report lists the runs' ceilings
+and says when they differ by more than CEILING_SPREAD_WARN.
 Reads with the standard library's csv: the GPU host, where the grid is written, has no polars.
 """
 
@@ -26,6 +27,9 @@ PEER = "vllm_v2_style"  # the other from-logits design: the one whose margin the
 FLASHINFER = "softmax_flashinfer"
 BAR_SCALE, BAR_SLACK_US, BAR_MIN_FLOOR_US = 1.3, 3.0, 5.0  # issue #18: ≤ 1.3 × floor + 3 µs where floor ≥ 5 µs
 SPEEDUP_POINT = (32, 128256)  # (b, V) of the ≥ 2× bar
+# Runs whose own copy ceilings differ by more than this hold their rows to different floors: the report says so.
+# (On the H100 one run read 2.688 TB/s where the session's others read 2.948-2.979, 2026-11-28.)
+CEILING_SPREAD_WARN = 0.03
 DTYPE_SHORT = {"bfloat16": "bf16", "float32": "fp32"}
 TABLE_DESIGNS = (OURS, PEER, "softmax_fused_prob", FLASHINFER, "torch_eager")
 TABLE_HEADS = ("`fused_logits`", "`vllm_v2_style`", "softmax + `fused`", "softmax + FlashInfer", "torch eager")
@@ -57,6 +61,7 @@ class Summary:
     closest: tuple[State, float, str, float] | None = None  # the smallest winning margin
     flashinfer_speedups: list[float] = field(default_factory=list)  # at SPEEDUP_POINT
     peer_ratios: list[float] = field(default_factory=list)  # the peer's time / ours
+    ceilings: dict[float, int] = field(default_factory=dict)  # our rows' own copy ceiling (TB/s): states
 
 
 def read_rows(paths: list[str]) -> list[dict[str, str]]:
@@ -101,6 +106,9 @@ def summarize(rows: list[dict[str, str]], copy_tbps: float | None = None) -> Sum
             else:
                 out.losses.append((state, ours, best, timed[best]))
         floor = floor_of(designs[OURS], copy_tbps)
+        if designs[OURS].get("copy_tbps"):
+            ceiling = float(designs[OURS]["copy_tbps"])
+            out.ceilings[ceiling] = out.ceilings.get(ceiling, 0) + 1
         if floor >= BAR_MIN_FLOOR_US:
             out.barred += 1
             counts = out.by_batch.setdefault(state[0], [0, 0])
@@ -122,7 +130,21 @@ def _state(state: State) -> str:
     return f"b={b} γ={gamma} V={vocab} {DTYPE_SHORT.get(dtype, dtype)} {l2}"
 
 
-def report(summary: Summary) -> str:
+def ceilings_line(ceilings: dict[float, int], fixed_tbps: float | None = None) -> str | None:
+    """The runs' own copy ceilings and how many states each floors; a warning where they spread more than
+    CEILING_SPREAD_WARN and each row keeps its own (no --copy-tbps)."""
+    if not ceilings:
+        return None
+    listed = ", ".join(f"{tbps:g} TB/s ({count})" for tbps, count in sorted(ceilings.items()))
+    line = f"runs' copy ceilings (states): {listed}"
+    spread = max(ceilings) / min(ceilings) - 1
+    if spread > CEILING_SPREAD_WARN and fixed_tbps is None:
+        line += (f"; they differ by {spread:.1%}, so these rows' floors do too: "
+                 "pass --copy-tbps to hold every row to one ceiling")
+    return line
+
+
+def report(summary: Summary, fixed_tbps: float | None = None) -> str:
     s = summary
     lines = [f"lowest: {s.lowest} of {s.states}"]
     lines += [f"  loss: {_state(st)}: {ours:.2f} µs against {best}'s {us:.2f}" for st, ours, best, us in s.losses]
@@ -135,6 +157,9 @@ def report(summary: Summary) -> str:
                  f"{s.within_bar} of {s.barred} ({batches})")
     lines += [f"  miss: {_state(st)}: {ours:.2f} µs, floor {floor:.2f}, {ours / bar_us(floor):.3f}× the bar"
               for st, ours, floor in s.misses]
+    ceilings = ceilings_line(s.ceilings, fixed_tbps)
+    if ceilings:
+        lines.append(ceilings)
     if s.flashinfer_speedups:
         lines.append(f"over softmax + FlashInfer at b={SPEEDUP_POINT[0]}, V={SPEEDUP_POINT[1]}: "
                      f"{min(s.flashinfer_speedups):.1f}-{max(s.flashinfer_speedups):.1f}×")
@@ -183,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_rows(args.csv)
     if args.copy_tbps is not None:
         print(f"floors at {args.copy_tbps:g} TB/s (every row's floor_bytes), not each run's own ceiling")
-    print(report(summarize(rows, args.copy_tbps)))
+    print(report(summarize(rows, args.copy_tbps), args.copy_tbps))
     if args.gamma is not None:
         print()
         print(gamma_table(rows, args.gamma, args.copy_tbps))

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from sdbench.commands.logits_summary import bar_us, floor_of, gamma_table, main, read_rows, summarize
+from sdbench.commands.logits_summary import bar_us, floor_of, gamma_table, main, read_rows, report, summarize
 
 FIELDS = ("design", "batch", "gamma", "vocab", "dtype", "l2", "floor_us", "gpu_us", "reason")
 
@@ -91,3 +91,27 @@ def test_one_copy_ceiling_for_every_floor(tmp_path, capsys):
     assert "floors at 3 TB/s" in out and "2 of 2" in out
     with pytest.raises(SystemExit):
         main([str(path), "--copy-tbps", "0"])
+
+
+def test_the_runs_ceilings_are_listed_and_a_spread_is_flagged(tmp_path, capsys):
+    """Rows floored at ceilings 9% apart (one slow copy run) are not held to one bar: the report lists each run's
+    ceiling with the states it floors, and says so; with --copy-tbps every row is held to one, so it only lists."""
+    rows = _grid()
+    for row in rows:
+        row["copy_tbps"], row["floor_bytes"] = "2.948", str(round(float(row["floor_us"]) * 2.948e6))
+    for row in rows[3:]:
+        row["copy_tbps"] = "2.688"
+    s = summarize(rows)
+    assert s.ceilings == {2.948: 1, 2.688: 2}  # our rows only, one per state
+    path = tmp_path / "grid.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=(*FIELDS, "copy_tbps", "floor_bytes"))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2.688 TB/s (2), 2.948 TB/s (1)" in out and "differ by 9.7%" in out
+    assert "differ by" not in report(summarize(rows, 3.0), 3.0)  # one ceiling for every floor
+    for row in rows:
+        row["copy_tbps"] = "2.948"
+    assert "differ by" not in report(summarize(rows))
