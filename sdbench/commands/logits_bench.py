@@ -156,9 +156,8 @@ COPY_CEILING_RUNS = 3
 
 def copy_ceiling_tbps(device: str = "cuda", runs: int = COPY_CEILING_RUNS) -> float:
     """The logits floors' bandwidth: a 1 GiB device-to-device copy measured now, bytes read + written, TB/s;
-    the best of `runs` medians, since a ceiling is the most the device does: on the H100 one run's median
-    read 2.688 TB/s where the same session's others read 2.948 (2026-11-28), and every floor of that run
-    was 10% too high, so its bar too lenient."""
+    the best of `runs` medians, since a ceiling is the most the device does and one slow run would make every
+    floor of the grid too high, its bar too lenient (perf-notes, "Session 29")."""
     from sdbench.commands.calibrate_tau import measure_copy_bandwidth_gbps
 
     return max(measure_copy_bandwidth_gbps(device, n_bytes=2**30) for _ in range(runs)) / 1000

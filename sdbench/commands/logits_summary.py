@@ -28,7 +28,6 @@ FLASHINFER = "softmax_flashinfer"
 BAR_SCALE, BAR_SLACK_US, BAR_MIN_FLOOR_US = 1.3, 3.0, 5.0  # issue #18: ≤ 1.3 × floor + 3 µs where floor ≥ 5 µs
 SPEEDUP_POINT = (32, 128256)  # (b, V) of the ≥ 2× bar
 # Runs whose own copy ceilings differ by more than this hold their rows to different floors: the report says so.
-# (On the H100 one run read 2.688 TB/s where the session's others read 2.948-2.979, 2026-11-28.)
 CEILING_SPREAD_WARN = 0.03
 DTYPE_SHORT = {"bfloat16": "bf16", "float32": "fp32"}
 TABLE_DESIGNS = (OURS, PEER, "softmax_fused_prob", FLASHINFER, "torch_eager")
@@ -61,7 +60,8 @@ class Summary:
     closest: tuple[State, float, str, float] | None = None  # the smallest winning margin
     flashinfer_speedups: list[float] = field(default_factory=list)  # at SPEEDUP_POINT
     peer_ratios: list[float] = field(default_factory=list)  # the peer's time / ours
-    ceilings: dict[float, int] = field(default_factory=dict)  # our rows' own copy ceiling (TB/s): states
+    states_by_ceiling_tbps: dict[float, int] = field(default_factory=dict)  # our rows' own runs' ceilings
+    fixed_tbps: float | None = None  # --copy-tbps: every floor at this ceiling, not its run's own
 
 
 def read_rows(paths: list[str]) -> list[dict[str, str]]:
@@ -87,7 +87,7 @@ def _us(row: dict[str, str] | None) -> float | None:
 
 
 def summarize(rows: list[dict[str, str]], copy_tbps: float | None = None) -> Summary:
-    out = Summary()
+    out = Summary(fixed_tbps=copy_tbps)
     for state, designs in sorted(by_state(rows).items()):
         ours = _us(designs.get(OURS))
         if ours is None:
@@ -108,7 +108,7 @@ def summarize(rows: list[dict[str, str]], copy_tbps: float | None = None) -> Sum
         floor = floor_of(designs[OURS], copy_tbps)
         if designs[OURS].get("copy_tbps"):
             ceiling = float(designs[OURS]["copy_tbps"])
-            out.ceilings[ceiling] = out.ceilings.get(ceiling, 0) + 1
+            out.states_by_ceiling_tbps[ceiling] = out.states_by_ceiling_tbps.get(ceiling, 0) + 1
         if floor >= BAR_MIN_FLOOR_US:
             out.barred += 1
             counts = out.by_batch.setdefault(state[0], [0, 0])
@@ -130,21 +130,22 @@ def _state(state: State) -> str:
     return f"b={b} γ={gamma} V={vocab} {DTYPE_SHORT.get(dtype, dtype)} {l2}"
 
 
-def ceilings_line(ceilings: dict[float, int], fixed_tbps: float | None = None) -> str | None:
+def ceilings_line(summary: Summary) -> str | None:
     """The runs' own copy ceilings and how many states each floors; a warning where they spread more than
     CEILING_SPREAD_WARN and each row keeps its own (no --copy-tbps)."""
+    ceilings = summary.states_by_ceiling_tbps
     if not ceilings:
         return None
     listed = ", ".join(f"{tbps:g} TB/s ({count})" for tbps, count in sorted(ceilings.items()))
     line = f"runs' copy ceilings (states): {listed}"
     spread = max(ceilings) / min(ceilings) - 1
-    if spread > CEILING_SPREAD_WARN and fixed_tbps is None:
+    if spread > CEILING_SPREAD_WARN and summary.fixed_tbps is None:
         line += (f"; they differ by {spread:.1%}, so these rows' floors do too: "
                  "pass --copy-tbps to hold every row to one ceiling")
     return line
 
 
-def report(summary: Summary, fixed_tbps: float | None = None) -> str:
+def report(summary: Summary) -> str:
     s = summary
     lines = [f"lowest: {s.lowest} of {s.states}"]
     lines += [f"  loss: {_state(st)}: {ours:.2f} µs against {best}'s {us:.2f}" for st, ours, best, us in s.losses]
@@ -157,7 +158,7 @@ def report(summary: Summary, fixed_tbps: float | None = None) -> str:
                  f"{s.within_bar} of {s.barred} ({batches})")
     lines += [f"  miss: {_state(st)}: {ours:.2f} µs, floor {floor:.2f}, {ours / bar_us(floor):.3f}× the bar"
               for st, ours, floor in s.misses]
-    ceilings = ceilings_line(s.ceilings, fixed_tbps)
+    ceilings = ceilings_line(s)
     if ceilings:
         lines.append(ceilings)
     if s.flashinfer_speedups:
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_rows(args.csv)
     if args.copy_tbps is not None:
         print(f"floors at {args.copy_tbps:g} TB/s (every row's floor_bytes), not each run's own ceiling")
-    print(report(summarize(rows, args.copy_tbps), args.copy_tbps))
+    print(report(summarize(rows, args.copy_tbps)))
     if args.gamma is not None:
         print()
         print(gamma_table(rows, args.gamma, args.copy_tbps))

@@ -17,12 +17,12 @@ Views (one per way a serving engine pays for the work):
            dependent launch starts inside the one before it; `busy_us`), over a bounded number of
            iterations (the profiler's post-processing is the cost),
            after untimed warm-up calls outside the profiler session. Each timed call is queued behind
-           the blocking kernel (untimed, outside the iteration), so all its launches reach the GPU before
-           its first kernel starts, as when an engine's host runs ahead of the device: with the device
-           idle instead, a dependent launch (programmatic dependent launch) that the host issues after
-           its primary has ended gets none of the overlap the device gives it when queued (measured on
-           the H100 for the two-launch from-logits step: 0.5-1.2 µs at b = 32-128; perf-notes,
-           "Session 29"). Idle gaps between kernels count in neither case. Warm L2: an untimed call of the
+           the blocking kernel (untimed, outside the iteration), so the launches the host makes within
+           its ~200 µs reach the GPU before the call's first kernel starts, as when an engine's host runs
+           ahead of the device. On an idle device instead, a kernel launched with programmatic dependent
+           launch whose launch arrives after its primary has ended loses the overlap it gets when queued
+           (perf-notes, "Session 29"). A call whose launches outlast the spin (an eager chain of dozens)
+           loses nothing else: idle gaps between kernels count in neither case. Warm L2: an untimed call of the
            same callable right before each timed one, so the L2 holds its own data, not the previous
            callable's. CUPTI can lose every record of one kernel in a session while keeping the others:
            each kernel launch in an iteration must have its device record, or that callable's session
@@ -65,8 +65,9 @@ GRAPH_TARGET_US = 500.0
 GRAPH_MAX_COPIES = 256
 GRAPH_PROBE_COPIES = 8
 GRAPH_PROBE_REPLAYS = 3
-# The blocking kernel before each timed graph replay: clock64 cycles of spin (~200 µs at 1.98 GHz), longer
-# than the host needs to queue an event, a replay of up to GRAPH_MAX_COPIES nodes and another event.
+# The blocking kernel before each timed graph replay and each timed gpu-view call: clock64 cycles of spin (~200 µs
+# at 1.98 GHz), longer than the host needs to queue an event, a replay of up to GRAPH_MAX_COPIES nodes and another
+# event, or a few Triton launches under the profiler.
 BLOCKING_CYCLES = 400_000
 
 
@@ -545,6 +546,10 @@ def _measure_gpu(callables, device, options, flush) -> dict[str, ViewResult]:
 # Device-side kineto events that are not device work: GPU spans of record_function ranges (torch.compile
 # wraps every compiled call in one, "Torch-Compiled Region") would count their kernels twice.
 NOT_DEVICE_WORK = frozenset({"gpu_user_annotation", "user_annotation", "cuda_sync"})
+# The blocking kernel's device name (`torch.cuda._sleep`: ATen's spin_kernel). Its launch precedes the timed call's
+# annotation, so it belongs to no iteration; but should CUPTI lose that launch record, the event would be placed by its
+# own start, which can fall inside the annotation, and ~200 µs of spin would join a sample. Never an iteration's work.
+BLOCKING_KERNEL_NAME = "spin_kernel"
 
 
 def is_device_work(event) -> bool:
@@ -671,7 +676,7 @@ def _device_time_per_annotation(kineto_events) -> DeviceAttribution:
             elif name.startswith(_MARK):
                 index, iteration = name[len(_MARK):].split(":")
                 annotations.append((event.start_ns(), event.end_ns(), (int(index), int(iteration))))
-        elif not name.startswith(_MARK) and is_device_work(event):
+        elif not name.startswith(_MARK) and BLOCKING_KERNEL_NAME not in name and is_device_work(event):
             device_events.append(event)
     annotations.sort()
     starts = [start for start, _, _ in annotations]
