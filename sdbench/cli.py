@@ -664,7 +664,7 @@ def calibrate_tau_command(
     sweep_out: Annotated[str, typer.Option(help="Where the mini-sweep writes its results when none are given.")] = "results/calibrate-tau",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Fit and print, but write no profile.")] = False,
     seed: Annotated[int, typer.Option(help="Bootstrap seed (τ band).")] = 0,
-    copy_gbps: Annotated[float | None, typer.Option(help="Offline: the GPU's device-to-device copy bandwidth in GB/s (bytes read + written), measured on that GPU (calibrate_tau.measure_copy_bandwidth_gbps); the profile's copy ceiling, which the report's floors read. Default: measured here on a GPU of the results' kind, else the replaced profile's measured one, else the results' best achieved.")] = None,
+    copy_gbps: Annotated[float | None, typer.Option(help="Offline: the GPU's device-to-device copy bandwidth in GB/s (bytes read + written), measured on that GPU (calibrate_tau.copy_ceiling_gbps); the profile's copy ceiling, which the report's floors read. Default: measured here on a GPU of the results' kind, else the replaced profile's measured one, else the results' best achieved.")] = None,
 ) -> None:
     """Which verify_pack implementation wins at each size of accepted KV: a per-size rule (or, with
     --small/--large, one threshold τ between two), written to the GPU's profile for impl="auto"."""

@@ -451,6 +451,16 @@ def measure_copy_bandwidth_gbps(device="cuda", n_bytes: int = 256 * 2**20, iters
     return 2 * n_bytes / (float(np.median(times_ms)) * 1e-3) / 1e9
 
 
+COPY_CEILING_RUNS = 3
+
+
+def copy_ceiling_gbps(device="cuda", n_bytes: int = 256 * 2**20, runs: int = COPY_CEILING_RUNS) -> float:
+    """The copy ceiling every floor reads: the best of `runs` medians of `measure_copy_bandwidth_gbps`, since a
+    ceiling is the most the device does, and one slow run would make every floor too high and its bar too lenient
+    (perf-notes, "Session 29")."""
+    return max(measure_copy_bandwidth_gbps(device, n_bytes=n_bytes) for _ in range(runs))
+
+
 # --- the command ----------------------------------------------------------------------------------
 @dataclass
 class Calibration:
@@ -529,7 +539,7 @@ def _copy_measured_here(gpu_name: str | None) -> tuple[float | None, str]:
         import torch
 
         if torch.cuda.is_available() and torch.cuda.get_device_name() == gpu_name:
-            return measure_copy_bandwidth_gbps(), "cuda events: 256 MiB device-to-device copy"
+            return copy_ceiling_gbps(), f"cuda events: 256 MiB device-to-device copy, best of {COPY_CEILING_RUNS}"
     except RuntimeError:
         pass
     return None, ""

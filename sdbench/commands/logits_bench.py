@@ -151,16 +151,12 @@ def time_point(cfg: LogitsConfig, names: Iterable[str], cold_l2: bool, tbps: flo
     return rows
 
 
-COPY_CEILING_RUNS = 3
+def copy_ceiling_tbps(device: str = "cuda") -> float:
+    """The logits floors' bandwidth: a 1 GiB device-to-device copy, bytes read + written, TB/s (the best of
+    `calibrate_tau.COPY_CEILING_RUNS` runs, measured now)."""
+    from sdbench.commands.calibrate_tau import copy_ceiling_gbps
 
-
-def copy_ceiling_tbps(device: str = "cuda", runs: int = COPY_CEILING_RUNS) -> float:
-    """The logits floors' bandwidth: a 1 GiB device-to-device copy measured now, bytes read + written, TB/s;
-    the best of `runs` medians, since a ceiling is the most the device does and one slow run would make every
-    floor of the grid too high, its bar too lenient (perf-notes, "Session 29")."""
-    from sdbench.commands.calibrate_tau import measure_copy_bandwidth_gbps
-
-    return max(measure_copy_bandwidth_gbps(device, n_bytes=2**30) for _ in range(runs)) / 1000
+    return copy_ceiling_gbps(device, n_bytes=2**30) / 1000
 
 
 def _out_of_memory(views_timed) -> bool:

@@ -14,4 +14,4 @@ def test_the_copy_ceiling_is_the_best_of_its_runs(monkeypatch):
 
     monkeypatch.setattr(calibrate_tau, "measure_copy_bandwidth_gbps", one_run)
     assert logits_bench.copy_ceiling_tbps("cuda") == 2.948
-    assert calls == [("cuda", 2**30)] * logits_bench.COPY_CEILING_RUNS
+    assert calls == [("cuda", 2**30)] * calibrate_tau.COPY_CEILING_RUNS
