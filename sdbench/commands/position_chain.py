@@ -1,0 +1,194 @@
+"""A probe for a from-logits design not built (issue #18; docs/perf-notes.md, "Session 29"): read each sequence's
+rows in position order and stop at its first rejection. What it times is the chain alone, with no accept test and
+no race: how long the dependent steps cost against one parallel pass over every row.
+
+    python -m sdbench.commands.position_chain --points 32:4:32000:bf16,128:4:32000:bf16 --out chain.json
+
+The kernel (`_position_chain_kernel`) runs (γ + 1) · B · 2 · splits programs, position-major. A program of
+position j reads its split of the sequence's target row j or draft row j (there is no draft row γ) and stores the
+split's (max, Σexp) partial. The position's last arrival combines both rows' partials into their stats and
+publishes the sequence's frontier: "verified through j" or "stopped". Before reading, a program of position
+j > 0 waits until its sequence's frontier reaches j, and exits without reading if the sequence stopped. Where a
+sequence stops is given (`stop_at`, the accepted length k the reference draws for the workload, or γ), since
+the probe has no accept test. A program waits only on programs of lower index, which the GPU dispatched no
+earlier (the assumption the decoupled look-back of verify_pack makes), so nothing deadlocks. The interpreter runs
+programs in index order, so the wait never spins there.
+
+Modes, each a line of GPU time (CUPTI, the median call, `logits_kernels.per_kernel_us`):
+- `parallel`: no waiting, every row read: what one pass over the logits costs in this kernel.
+- `chain-all`: the chain with no sequence stopping: the dependent steps' cost with every row read.
+- `chain-k`: the chain stopping at the reference's k: what the design would read, and the steps it takes.
+For comparison, fused_logits' own pass 1 (`_row_stats`) and its whole step, timed the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+
+STOPPED = 63  # the frontier's state once its sequence has stopped (γ < STOPPED)
+FRONTIER_STATES = 64  # frontier = epoch · FRONTIER_STATES + state
+TILE = 1024
+MODES = ("parallel", "chain-all", "chain-k")
+
+
+@triton.jit(do_not_specialize=["epoch"])
+def _position_chain_kernel(
+    target_ptr, draft_ptr, stop_at_ptr, partial_ptr, stats_ptr, arrivals_ptr, frontier_ptr,
+    batch, vocab, span, splits, epoch,
+    stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+    GAMMA: tl.constexpr, TILE: tl.constexpr, WAIT: tl.constexpr, STATES: tl.constexpr, STOP: tl.constexpr,
+):
+    """Grid ((γ+1)·B·2·splits,), position-major; see the module's docstring. partial: fp32 [B, 2γ+1, splits, 2];
+    stats: fp32 [B, 2γ+1, 2] (rows ordered target 0, draft 0, target 1, …, target γ); arrivals: int32 [B, γ+1],
+    zero between calls (the last arrival resets its count); frontier: int32 [B], epoch · STATES + state (STOP once
+    the sequence stopped), so a new call (a new epoch) needs no reset."""
+    t = tl.program_id(0)
+    per_position = batch * 2 * splits
+    j = t // per_position
+    rest = t % per_position
+    seq = rest // (2 * splits)
+    is_draft = (rest // splits) % 2
+    split = rest % splits
+    if (j == GAMMA) & (is_draft == 1):
+        return  # there is no draft row γ
+    if WAIT & (j > 0):
+        state = tl.atomic_add(frontier_ptr + seq, 0, sem="acquire")
+        while (state // STATES != epoch) | ((state % STATES < j) & (state % STATES != STOP)):
+            state = tl.atomic_add(frontier_ptr + seq, 0, sem="acquire")
+        if state % STATES == STOP:
+            return  # the sequence stopped before j: its row j is never read
+    if is_draft == 1:
+        row_ptr = draft_ptr + seq * stride_q_b + j * stride_q_row
+    else:
+        row_ptr = target_ptr + seq * stride_p_b + j * stride_p_row
+    cols = tl.arange(0, TILE)
+    m = tl.full([TILE], float("-inf"), tl.float32)
+    s = tl.zeros([TILE], tl.float32)
+    start = split * span
+    for offset in range(0, span, TILE):
+        c = start + offset + cols
+        x = tl.load(row_ptr + c, mask=(c < vocab) & (offset + cols < span), other=float("-inf")).to(tl.float32)
+        new_m = tl.maximum(m, x)
+        s = s * tl.exp(tl.where(new_m == float("-inf"), 0.0, m - new_m)) + tl.where(
+            x == float("-inf"), 0.0, tl.exp(x - tl.where(new_m == float("-inf"), 0.0, new_m)))
+        m = new_m
+    row_m = tl.max(m, axis=0)
+    row_s = tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - row_m)), axis=0)
+    row = 2 * j + is_draft
+    slot = partial_ptr + ((seq * (2 * GAMMA + 1) + row) * splits + split) * 2
+    tl.store(slot, row_m)
+    tl.store(slot + 1, row_s)
+    programs = tl.where(j == GAMMA, splits, 2 * splits)
+    arrived = tl.atomic_add(arrivals_ptr + seq * (GAMMA + 1) + j, 1, sem="acq_rel")
+    if arrived == programs - 1:  # the position's last arrival: both rows' stats, then the frontier
+        tl.store(arrivals_ptr + seq * (GAMMA + 1) + j, 0)
+        rows = tl.where(j == GAMMA, 1, 2)
+        for r in range(0, rows):
+            base = partial_ptr + ((seq * (2 * GAMMA + 1) + 2 * j + r) * splits) * 2
+            parts = tl.arange(0, 1024)
+            pm = tl.load(base + 2 * parts, mask=parts < splits, other=float("-inf"), volatile=True)
+            ps = tl.load(base + 2 * parts + 1, mask=parts < splits, other=0.0, volatile=True)
+            top = tl.max(pm, axis=0)
+            total = tl.sum(ps * tl.exp(tl.where(pm == float("-inf"), float("-inf"), pm - top)), axis=0)
+            out = stats_ptr + (seq * (2 * GAMMA + 1) + 2 * j + r) * 2
+            tl.store(out, top)
+            tl.store(out + 1, total)
+        stop = tl.load(stop_at_ptr + seq)
+        state = tl.where((j >= stop) | (j == GAMMA), STOP, j + 1)
+        tl.atomic_xchg(frontier_ptr + seq, epoch * STATES + state, sem="release")
+
+
+class PositionChain:
+    """One prepared probe: `run()` launches it once (a new epoch each call)."""
+
+    def __init__(self, target: torch.Tensor, draft: torch.Tensor, stop_at: torch.Tensor, splits: int, wait: bool):
+        batch, positions, vocab = target.shape
+        self.gamma = positions - 1
+        if draft.shape != (batch, self.gamma, vocab):
+            raise ValueError(f"draft logits must be [B, γ, V] = {(batch, self.gamma, vocab)}, got {tuple(draft.shape)}")
+        if not 1 <= splits <= 1024 or self.gamma >= STOPPED:
+            raise ValueError(f"splits must be in [1, 1024] and γ < {STOPPED}, got {splits} and {self.gamma}")
+        if target.stride(2) != 1 or draft.stride(2) != 1:
+            raise ValueError("logits rows must be contiguous")
+        self.target, self.draft, self.stop_at = target, draft, stop_at.to(torch.int32)
+        self.splits, self.wait, self.vocab, self.batch = splits, wait, vocab, batch
+        self.span = triton.cdiv(vocab, splits)
+        device, rows = target.device, 2 * self.gamma + 1
+        self.partial = torch.empty(batch, rows, splits, 2, dtype=torch.float32, device=device)
+        self.stats = torch.full((batch, rows, 2), float("nan"), dtype=torch.float32, device=device)
+        self.arrivals = torch.zeros(batch, self.gamma + 1, dtype=torch.int32, device=device)
+        self.frontier = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.epoch = 0
+
+    def run(self) -> torch.Tensor:
+        # epochs wrap below 2^31 / FRONTIER_STATES; a frontier left from a call 2^25 calls ago cannot match
+        self.epoch = self.epoch % (2**31 // FRONTIER_STATES - 1) + 1
+        grid = ((self.gamma + 1) * self.batch * 2 * self.splits,)
+        _position_chain_kernel[grid](
+            self.target, self.draft, self.stop_at, self.partial, self.stats, self.arrivals, self.frontier,
+            self.batch, self.vocab, self.span, self.splits, self.epoch,
+            self.target.stride(0), self.target.stride(1), self.draft.stride(0), self.draft.stride(1),
+            GAMMA=self.gamma, TILE=TILE, WAIT=self.wait, STATES=FRONTIER_STATES, STOP=STOPPED, num_warps=4)
+        return self.stats
+
+
+def default_splits(vocab: int, element_size: int) -> int:
+    """A split is about 4 KiB of a row per TILE step, four steps a program (pass 1's step, session 15)."""
+    return max(1, triton.cdiv(vocab * element_size, 4 * 4096))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sdbench.commands.logits_kernels import DTYPES, _inputs, per_kernel_us
+    from sdbench.measure.timing import l2_flush
+    from sdbench.ops.prob_verify_logits import triton_kernels as tk
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+    from sdbench.ops.prob_verify_logits.reference import reference_outputs
+    from sdbench.ops.prob_verify_logits.workload import LogitsConfig, make_logits_workload
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--points", required=True, help="batch:γ:V:dtype,... (dtype bf16 or fp32)")
+    parser.add_argument("--l2", default="cold,warm")
+    parser.add_argument("--iters", type=int, default=15)
+    parser.add_argument("--out", default=None, help="JSON file of the rows")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    flushes = {"cold": l2_flush(device), "warm": None}
+    rows = []
+    for point in args.points.split(","):
+        batch, gamma, vocab, dtype = point.split(":")
+        batch, gamma, vocab = int(batch), int(gamma), int(vocab)
+        cfg = LogitsConfig(batch_size=batch, gamma=gamma, vocab_size=vocab, logits_dtype=DTYPES[dtype])
+        w = make_logits_workload(cfg, device)
+        k = reference_outputs(w)["accepted_lengths"].to(torch.int32)
+        splits = default_splits(vocab, w.target_logits.element_size())
+        every = torch.full_like(k, gamma)
+        probes = {"parallel": PositionChain(w.target_logits, w.draft_logits, every, splits, wait=False),
+                  "chain-all": PositionChain(w.target_logits, w.draft_logits, every, splits, wait=True),
+                  "chain-k": PositionChain(w.target_logits, w.draft_logits, k, splits, wait=True)}
+        fast = w.with_randomness("fast")
+        fused = tk.fused_logits_launcher(_inputs(fast), allocate_outputs(fast), True, fast.seed, 0)
+        read_rows = int((2 * k + 1 + (k < gamma).to(torch.int32)).sum())  # target 0..k, draft 0..k (none at γ)
+        for l2 in args.l2.split(","):
+            line = {"batch": batch, "gamma": gamma, "vocab": vocab, "dtype": dtype, "l2": l2, "splits": splits,
+                    "max_k": int(k.max()), "mean_k": float(k.float().mean()),
+                    "rows_read_chain_k": read_rows, "rows": batch * (2 * gamma + 1)}
+            for mode, probe in probes.items():
+                line[mode] = per_kernel_us(probe.run, args.iters, flushes[l2])[1]
+            kernels, total = per_kernel_us(fused, args.iters, flushes[l2])
+            line["fused_logits"], line["fused_logits_pass1"] = total, kernels.get("_row_stats")
+            rows.append(line)
+            print(" ".join(f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}"
+                           for key, value in line.items()), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
