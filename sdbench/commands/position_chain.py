@@ -32,21 +32,26 @@ import triton.language as tl
 
 STOPPED = 63  # the frontier's state once its sequence has stopped (γ < STOPPED)
 FRONTIER_STATES = 64  # frontier = epoch · FRONTIER_STATES + state
+# A waiting program gives up after this many polls (~1 s) and raises the abort word, which every other waiter
+# reads, so a chain that cannot progress (were blocks not dispatched in index order) ends instead of hanging
+MAX_POLLS = 1 << 20
 TILE = 1024
 MODES = ("parallel", "chain-all", "chain-k")
 
 
 @triton.jit(do_not_specialize=["epoch"])
 def _position_chain_kernel(
-    target_ptr, draft_ptr, stop_at_ptr, partial_ptr, stats_ptr, arrivals_ptr, frontier_ptr,
+    target_ptr, draft_ptr, stop_at_ptr, partial_ptr, stats_ptr, arrivals_ptr, frontier_ptr, abort_ptr,
     batch, vocab, span, splits, epoch,
     stride_p_b, stride_p_row, stride_q_b, stride_q_row,
     GAMMA: tl.constexpr, TILE: tl.constexpr, WAIT: tl.constexpr, STATES: tl.constexpr, STOP: tl.constexpr,
+    MAX_POLLS: tl.constexpr,
 ):
     """Grid ((γ+1)·B·2·splits,), position-major; see the module's docstring. partial: fp32 [B, 2γ+1, splits, 2];
     stats: fp32 [B, 2γ+1, 2] (rows ordered target 0, draft 0, target 1, …, target γ); arrivals: int32 [B, γ+1],
     zero between calls (the last arrival resets its count); frontier: int32 [B], epoch · STATES + state (STOP once
-    the sequence stopped), so a new call (a new epoch) needs no reset."""
+    the sequence stopped), so a new call (a new epoch) needs no reset; abort: int32 [1], raised by a waiter that
+    polled MAX_POLLS times (sticky: the caller checks it)."""
     t = tl.program_id(0)
     per_position = batch * 2 * splits
     j = t // per_position
@@ -58,10 +63,18 @@ def _position_chain_kernel(
         return  # there is no draft row γ
     if WAIT & (j > 0):
         state = tl.atomic_add(frontier_ptr + seq, 0, sem="acquire")
-        while (state // STATES != epoch) | ((state % STATES < j) & (state % STATES != STOP)):
+        stuck = tl.load(abort_ptr, volatile=True)
+        polls = 0
+        while ((state // STATES != epoch) | ((state % STATES < j) & (state % STATES != STOP))) & (stuck == 0):
             state = tl.atomic_add(frontier_ptr + seq, 0, sem="acquire")
-        if state % STATES == STOP:
-            return  # the sequence stopped before j: its row j is never read
+            polls += 1
+            if polls >= MAX_POLLS:
+                tl.atomic_xchg(abort_ptr, 1)
+                stuck = 1
+            else:
+                stuck = tl.load(abort_ptr, volatile=True)
+        if (stuck != 0) | (state % STATES == STOP):
+            return  # the sequence stopped before j (its row j is never read), or the chain was abandoned
     if is_draft == 1:
         row_ptr = draft_ptr + seq * stride_q_b + j * stride_q_row
     else:
@@ -115,6 +128,9 @@ class PositionChain:
             raise ValueError(f"splits must be in [1, 1024] and γ < {STOPPED}, got {splits} and {self.gamma}")
         if target.stride(2) != 1 or draft.stride(2) != 1:
             raise ValueError("logits rows must be contiguous")
+        if stop_at.shape != (batch,) or stop_at.device != target.device:
+            raise ValueError(f"stop_at must be [B] = [{batch}] on {target.device}, got {tuple(stop_at.shape)} on "
+                             f"{stop_at.device}")
         self.target, self.draft, self.stop_at = target, draft, stop_at.to(torch.int32)
         self.splits, self.wait, self.vocab, self.batch = splits, wait, vocab, batch
         self.span = triton.cdiv(vocab, splits)
@@ -123,6 +139,7 @@ class PositionChain:
         self.stats = torch.full((batch, rows, 2), float("nan"), dtype=torch.float32, device=device)
         self.arrivals = torch.zeros(batch, self.gamma + 1, dtype=torch.int32, device=device)
         self.frontier = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.abort = torch.zeros(1, dtype=torch.int32, device=device)
         self.epoch = 0
 
     def run(self) -> torch.Tensor:
@@ -130,11 +147,38 @@ class PositionChain:
         self.epoch = self.epoch % (2**31 // FRONTIER_STATES - 1) + 1
         grid = ((self.gamma + 1) * self.batch * 2 * self.splits,)
         _position_chain_kernel[grid](
-            self.target, self.draft, self.stop_at, self.partial, self.stats, self.arrivals, self.frontier,
+            self.target, self.draft, self.stop_at, self.partial, self.stats, self.arrivals, self.frontier, self.abort,
             self.batch, self.vocab, self.span, self.splits, self.epoch,
             self.target.stride(0), self.target.stride(1), self.draft.stride(0), self.draft.stride(1),
-            GAMMA=self.gamma, TILE=TILE, WAIT=self.wait, STATES=FRONTIER_STATES, STOP=STOPPED, num_warps=4)
+            GAMMA=self.gamma, TILE=TILE, WAIT=self.wait, STATES=FRONTIER_STATES, STOP=STOPPED, MAX_POLLS=MAX_POLLS,
+            num_warps=4)
         return self.stats
+
+
+    def rows_read(self) -> torch.Tensor:
+        """bool [B, 2γ+1]: the rows a call reads (target 0..k and draft 0..k, none at γ; every row without WAIT)."""
+        stop = self.stop_at.long() if self.wait else torch.full_like(self.stop_at, self.gamma).long()
+        rows = torch.arange(2 * self.gamma + 1, device=stop.device)
+        return rows[None, :] < (2 * stop + 1 + (stop < self.gamma).long())[:, None]
+
+    def check(self) -> str | None:
+        """One call's stats against torch's (float32), outside any timing: None, or what is wrong. The chain's
+        waits and memory ordering are exercised only here on a GPU (the interpreter runs programs in order)."""
+        self.stats.fill_(float("nan"))
+        stats = self.run().clone()
+        if int(self.abort.item()):
+            return "a waiter gave up: the chain did not progress"
+        read = self.rows_read()
+        for row in range(2 * self.gamma + 1):
+            logits = (self.target[:, row // 2] if row % 2 == 0 else self.draft[:, row // 2]).float()
+            top = logits.amax(-1)
+            expected = torch.stack([top, torch.exp(logits - top[:, None]).sum(-1)], -1)
+            got = stats[:, row]
+            if not torch.allclose(got[read[:, row]], expected[read[:, row]], rtol=1e-4, atol=1e-4):
+                return f"row {row}: stats differ from torch's"
+            if not torch.isnan(got[~read[:, row]]).all():
+                return f"row {row}: a sequence that stopped before it read it"
+        return None
 
 
 def default_splits(vocab: int, element_size: int) -> int:
@@ -172,13 +216,16 @@ def main(argv: list[str] | None = None) -> int:
                   "chain-k": PositionChain(w.target_logits, w.draft_logits, k, splits, wait=True)}
         fast = w.with_randomness("fast")
         fused = tk.fused_logits_launcher(_inputs(fast), allocate_outputs(fast), True, fast.seed, 0)
-        read_rows = int((2 * k + 1 + (k < gamma).to(torch.int32)).sum())  # target 0..k, draft 0..k (none at γ)
+        read_rows = int(probes["chain-k"].rows_read().sum())
         for l2 in args.l2.split(","):
             line = {"batch": batch, "gamma": gamma, "vocab": vocab, "dtype": dtype, "l2": l2, "splits": splits,
                     "max_k": int(k.max()), "mean_k": float(k.float().mean()),
                     "rows_read_chain_k": read_rows, "rows": batch * (2 * gamma + 1)}
             for mode, probe in probes.items():
                 line[mode] = per_kernel_us(probe.run, args.iters, flushes[l2])[1]
+                problem = probe.check()
+                if problem:
+                    raise RuntimeError(f"{point} {mode}: {problem}")
             kernels, total = per_kernel_us(fused, args.iters, flushes[l2])
             line["fused_logits"], line["fused_logits_pass1"] = total, kernels.get("_row_stats")
             rows.append(line)

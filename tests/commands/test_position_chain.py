@@ -9,40 +9,48 @@ from interpreted import run_interpreted
 
 CASE = r"""
 import json, torch
-from sdbench.commands.position_chain import PositionChain
+from sdbench.commands.position_chain import FRONTIER_STATES, STOPPED, PositionChain
 
 torch.manual_seed(0)
-batch, gamma, vocab, splits = 3, 3, 1000, 3
-target = torch.randn(batch, gamma + 1, vocab) * 4
-draft = torch.randn(batch, gamma, vocab) * 4
-rows = torch.stack([target[:, 0], draft[:, 0], target[:, 1], draft[:, 1], target[:, 2], draft[:, 2], target[:, 3]], 1)
-expected = torch.stack([rows.amax(-1), torch.exp(rows - rows.amax(-1, keepdim=True)).sum(-1)], -1)
+batch, gamma = 3, 3
 report = {}
-for name, stop, wait in (("chain-k", [0, 2, 3], True), ("parallel", [3, 3, 3], False), ("chain-all", [3, 3, 3], True)):
-    probe = PositionChain(target, draft, torch.tensor(stop), splits, wait)
-    for call in range(2):  # the second call: a new epoch over the first one's frontier and counts
-        probe.stats.fill_(float("nan"))
-        stats = probe.run()
-        read = torch.zeros(batch, 2 * gamma + 1, dtype=torch.bool)
-        for seq, k in enumerate(stop if wait else [gamma] * batch):
-            read[seq, : 2 * k + 1 + (1 if k < gamma else 0)] = True  # target 0..k, draft 0..k (none at γ)
-        report[f"{name}/{call}"] = {
-            "read_match": bool(torch.allclose(stats[read], expected[read], rtol=1e-5, atol=1e-5)),
-            "unread_poisoned": bool(torch.isnan(stats[~read]).all()),
-            "arrivals_zero": bool((probe.arrivals == 0).all()),
-            "unread_rows": int((~read).sum()),
-        }
+# (vocab, splits): one tile a split; several tiles a split (span 2500 > TILE, so the running sum is rescaled);
+# a split past the vocabulary (span 3: the fourth split of 9 columns is empty)
+for vocab, splits in ((1000, 3), (5000, 2), (9, 4)):
+    target = torch.randn(batch, gamma + 1, vocab) * 4
+    draft = torch.randn(batch, gamma, vocab) * 4
+    target[0, 1, : vocab // 2] = float("-inf")  # half a row masked out by its logits
+    for name, stop, wait in (("chain-k", [0, 2, 3], True), ("parallel", [3, 3, 3], False),
+                             ("chain-all", [3, 3, 3], True)):
+        probe = PositionChain(target, draft, torch.tensor(stop), splits, wait)
+        for call in range(3):  # later calls: new epochs over the earlier ones' frontier and counts
+            if call == 2:
+                probe.epoch = 2**31 // FRONTIER_STATES - 2  # the last epoch before the wrap: this call's
+            problem = probe.check()
+            report[f"{vocab}/{name}/{call}"] = {
+                "problem": problem,
+                "arrivals_zero": bool((probe.arrivals == 0).all()),
+                "frontier": probe.frontier.tolist(), "epoch": probe.epoch,
+                "unread_rows": int((~probe.rows_read()).sum()),
+            }
+report["stopped"] = STOPPED
+report["states"] = FRONTIER_STATES
 print(json.dumps(report))
 """
 
 
 def test_the_chain_reads_up_to_each_stop_and_gets_torchs_stats():
     report = run_interpreted(CASE)
-    assert set(report) == {f"{mode}/{call}" for mode in ("chain-k", "parallel", "chain-all") for call in (0, 1)}
+    stopped, states = report.pop("stopped"), report.pop("states")
+    modes = ("chain-k", "parallel", "chain-all")
+    assert set(report) == {f"{vocab}/{mode}/{call}" for vocab in (1000, 5000, 9) for mode in modes for call in range(3)}
     for case, verdict in report.items():
-        assert verdict["read_match"] and verdict["unread_poisoned"] and verdict["arrivals_zero"], (case, verdict)
+        assert verdict["problem"] is None and verdict["arrivals_zero"], (case, verdict)
+        # every sequence's frontier ends "stopped" in this call's epoch (the wrap's call included)
+        assert verdict["frontier"] == [verdict["epoch"] * states + stopped] * 3, (case, verdict)
+    assert report["1000/chain-k/2"]["epoch"] == 2**31 // states - 1
     # stops at 0, 2, 3 of γ = 3: 5 + 1 + 0 of the 21 rows are never read
-    assert report["chain-k/0"]["unread_rows"] == 6 and report["parallel/0"]["unread_rows"] == 0
+    assert report["1000/chain-k/0"]["unread_rows"] == 6 and report["1000/parallel/0"]["unread_rows"] == 0
 
 
 @pytest.mark.parametrize("wait", [True, False])
@@ -60,9 +68,9 @@ def test_the_probe_compiles_for_sm90(wait):
         pytest.skip("TRITON_INTERPRET=1 replaces the kernels with interpreted functions")
     fn = position_chain._position_chain_kernel
     types = {"target_ptr": "*bf16", "draft_ptr": "*bf16", "stop_at_ptr": "*i32", "arrivals_ptr": "*i32",
-             "frontier_ptr": "*i32", "partial_ptr": "*fp32", "stats_ptr": "*fp32"}
+             "frontier_ptr": "*i32", "abort_ptr": "*i32", "partial_ptr": "*fp32", "stats_ptr": "*fp32"}
     constexprs = {"GAMMA": 4, "TILE": position_chain.TILE, "WAIT": wait, "STATES": position_chain.FRONTIER_STATES,
-                  "STOP": position_chain.STOPPED}
+                  "STOP": position_chain.STOPPED, "MAX_POLLS": position_chain.MAX_POLLS}
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
     source = ASTSource(fn=fn, signature=signature,
                        constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()})
