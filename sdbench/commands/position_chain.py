@@ -18,6 +18,8 @@ Modes, each a line of GPU time (CUPTI, the median call, `logits_kernels.per_kern
 - `parallel`: no waiting, every row read: what one pass over the logits costs in this kernel.
 - `chain-all`: the chain with no sequence stopping: the dependent steps' cost with every row read.
 - `chain-k`: the chain stopping at the reference's k: what the design would read, and the steps it takes.
+- `chain-k-read-first`: the same chain, each program reading its split before it waits: every row read, but the
+  reads overlap the chain, so a step costs the verdict's round trips without a DRAM read.
 For comparison, fused_logits' own pass 1 (`_row_stats`) and its whole step, timed the same way.
 """
 
@@ -36,49 +38,11 @@ FRONTIER_STATES = 64  # frontier = epoch · FRONTIER_STATES + state
 # reads, so a chain that cannot progress (were blocks not dispatched in index order) ends instead of hanging
 MAX_POLLS = 1 << 20
 TILE = 1024
-MODES = ("parallel", "chain-all", "chain-k")
 
 
-@triton.jit(do_not_specialize=["epoch"])
-def _position_chain_kernel(
-    target_ptr, draft_ptr, stop_at_ptr, partial_ptr, stats_ptr, arrivals_ptr, frontier_ptr, abort_ptr,
-    batch, vocab, span, splits, epoch,
-    stride_p_b, stride_p_row, stride_q_b, stride_q_row,
-    GAMMA: tl.constexpr, TILE: tl.constexpr, WAIT: tl.constexpr, STATES: tl.constexpr, STOP: tl.constexpr,
-    MAX_POLLS: tl.constexpr,
-):
-    """Grid ((γ+1)·B·2·splits,), position-major; see the module's docstring. partial: fp32 [B, 2γ+1, splits, 2];
-    stats: fp32 [B, 2γ+1, 2] (rows ordered target 0, draft 0, target 1, …, target γ); arrivals: int32 [B, γ+1],
-    zero between calls (the last arrival resets its count); frontier: int32 [B], epoch · STATES + state (STOP once
-    the sequence stopped), so a new call (a new epoch) needs no reset; abort: int32 [1], raised by a waiter that
-    polled MAX_POLLS times (sticky: the caller checks it)."""
-    t = tl.program_id(0)
-    per_position = batch * 2 * splits
-    j = t // per_position
-    rest = t % per_position
-    seq = rest // (2 * splits)
-    is_draft = (rest // splits) % 2
-    split = rest % splits
-    if (j == GAMMA) & (is_draft == 1):
-        return  # there is no draft row γ
-    if WAIT & (j > 0):
-        state = tl.atomic_add(frontier_ptr + seq, 0, sem="acquire")
-        stuck = tl.load(abort_ptr, volatile=True)
-        polls = 0
-        while ((state // STATES != epoch) | ((state % STATES < j) & (state % STATES != STOP))) & (stuck == 0):
-            state = tl.atomic_add(frontier_ptr + seq, 0, sem="acquire")
-            polls += 1
-            if polls >= MAX_POLLS:
-                tl.atomic_xchg(abort_ptr, 1)
-                stuck = 1
-            else:
-                stuck = tl.load(abort_ptr, volatile=True)
-        if (stuck != 0) | (state % STATES == STOP):
-            return  # the sequence stopped before j (its row j is never read), or the chain was abandoned
-    if is_draft == 1:
-        row_ptr = draft_ptr + seq * stride_q_b + j * stride_q_row
-    else:
-        row_ptr = target_ptr + seq * stride_p_b + j * stride_p_row
+@triton.jit
+def _split_partial(row_ptr, split, span, vocab, TILE: tl.constexpr):
+    """(max, Σexp relative to it) over the split's columns of one row, online across tiles."""
     cols = tl.arange(0, TILE)
     m = tl.full([TILE], float("-inf"), tl.float32)
     s = tl.zeros([TILE], tl.float32)
@@ -91,7 +55,62 @@ def _position_chain_kernel(
             x == float("-inf"), 0.0, tl.exp(x - tl.where(new_m == float("-inf"), 0.0, new_m)))
         m = new_m
     row_m = tl.max(m, axis=0)
-    row_s = tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - row_m)), axis=0)
+    return row_m, tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - row_m)), axis=0)
+
+
+@triton.jit
+def _frontier_reached(frontier_ptr, abort_ptr, epoch, j, STATES: tl.constexpr, STOP: tl.constexpr,
+                      MAX_POLLS: tl.constexpr):
+    """Wait until the sequence's frontier, in this epoch, is at least j or says it stopped: True to go on, False
+    if it stopped before j or the chain was abandoned (this waiter or another polled MAX_POLLS times)."""
+    state = tl.atomic_add(frontier_ptr, 0, sem="acquire")
+    stuck = tl.load(abort_ptr, volatile=True)
+    polls = 0
+    while ((state // STATES != epoch) | ((state % STATES < j) & (state % STATES != STOP))) & (stuck == 0):
+        state = tl.atomic_add(frontier_ptr, 0, sem="acquire")
+        polls += 1
+        if polls >= MAX_POLLS:
+            tl.atomic_xchg(abort_ptr, 1)
+            stuck = 1
+        else:
+            stuck = tl.load(abort_ptr, volatile=True)
+    return (stuck == 0) & (state % STATES != STOP)
+
+
+@triton.jit(do_not_specialize=["epoch"])
+def _position_chain_kernel(
+    target_ptr, draft_ptr, stop_at_ptr, partial_ptr, stats_ptr, arrivals_ptr, frontier_ptr, abort_ptr,
+    batch, vocab, span, splits, epoch,
+    stride_p_b, stride_p_row, stride_q_b, stride_q_row,
+    GAMMA: tl.constexpr, TILE: tl.constexpr, WAIT: tl.constexpr, READ_FIRST: tl.constexpr, STATES: tl.constexpr,
+    STOP: tl.constexpr, MAX_POLLS: tl.constexpr,
+):
+    """Grid ((γ+1)·B·2·splits,), position-major; see the module's docstring. partial: fp32 [B, 2γ+1, splits, 2];
+    stats: fp32 [B, 2γ+1, 2] (rows ordered target 0, draft 0, target 1, …, target γ); arrivals: int32 [B, γ+1],
+    zero between calls (the last arrival resets its count); frontier: int32 [B], epoch · STATES + state (STOP once
+    the sequence stopped), so a new call (a new epoch) needs no reset; abort: int32 [1], raised by a waiter that
+    polled MAX_POLLS times (sticky: the caller checks it). READ_FIRST: a program reads its split before it waits
+    (every row read, the reads overlapping the chain), and still drops it if its sequence stopped."""
+    t = tl.program_id(0)
+    per_position = batch * 2 * splits
+    j = t // per_position
+    rest = t % per_position
+    seq = rest // (2 * splits)
+    is_draft = (rest // splits) % 2
+    split = rest % splits
+    if (j == GAMMA) & (is_draft == 1):
+        return  # there is no draft row γ
+    if is_draft == 1:
+        row_ptr = draft_ptr + seq * stride_q_b + j * stride_q_row
+    else:
+        row_ptr = target_ptr + seq * stride_p_b + j * stride_p_row
+    if READ_FIRST:
+        row_m, row_s = _split_partial(row_ptr, split, span, vocab, TILE)
+    if WAIT & (j > 0):
+        if not _frontier_reached(frontier_ptr + seq, abort_ptr, epoch, j, STATES, STOP, MAX_POLLS):
+            return  # the sequence stopped before j (its row j is not used), or the chain was abandoned
+    if not READ_FIRST:
+        row_m, row_s = _split_partial(row_ptr, split, span, vocab, TILE)
     row = 2 * j + is_draft
     slot = partial_ptr + ((seq * (2 * GAMMA + 1) + row) * splits + split) * 2
     tl.store(slot, row_m)
@@ -119,7 +138,8 @@ def _position_chain_kernel(
 class PositionChain:
     """One prepared probe: `run()` launches it once (a new epoch each call)."""
 
-    def __init__(self, target: torch.Tensor, draft: torch.Tensor, stop_at: torch.Tensor, splits: int, wait: bool):
+    def __init__(self, target: torch.Tensor, draft: torch.Tensor, stop_at: torch.Tensor, splits: int, wait: bool,
+                 read_first: bool = False):
         batch, positions, vocab = target.shape
         self.gamma = positions - 1
         if draft.shape != (batch, self.gamma, vocab):
@@ -132,7 +152,7 @@ class PositionChain:
             raise ValueError(f"stop_at must be [B] = [{batch}] on {target.device}, got {tuple(stop_at.shape)} on "
                              f"{stop_at.device}")
         self.target, self.draft, self.stop_at = target, draft, stop_at.to(torch.int32)
-        self.splits, self.wait, self.vocab, self.batch = splits, wait, vocab, batch
+        self.splits, self.wait, self.read_first, self.vocab, self.batch = splits, wait, read_first, vocab, batch
         self.span = triton.cdiv(vocab, splits)
         device, rows = target.device, 2 * self.gamma + 1
         self.partial = torch.empty(batch, rows, splits, 2, dtype=torch.float32, device=device)
@@ -150,8 +170,8 @@ class PositionChain:
             self.target, self.draft, self.stop_at, self.partial, self.stats, self.arrivals, self.frontier, self.abort,
             self.batch, self.vocab, self.span, self.splits, self.epoch,
             self.target.stride(0), self.target.stride(1), self.draft.stride(0), self.draft.stride(1),
-            GAMMA=self.gamma, TILE=TILE, WAIT=self.wait, STATES=FRONTIER_STATES, STOP=STOPPED, MAX_POLLS=MAX_POLLS,
-            num_warps=4)
+            GAMMA=self.gamma, TILE=TILE, WAIT=self.wait, READ_FIRST=self.read_first, STATES=FRONTIER_STATES,
+            STOP=STOPPED, MAX_POLLS=MAX_POLLS, num_warps=4)
         return self.stats
 
 
@@ -213,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         every = torch.full_like(k, gamma)
         probes = {"parallel": PositionChain(w.target_logits, w.draft_logits, every, splits, wait=False),
                   "chain-all": PositionChain(w.target_logits, w.draft_logits, every, splits, wait=True),
-                  "chain-k": PositionChain(w.target_logits, w.draft_logits, k, splits, wait=True)}
+                  "chain-k": PositionChain(w.target_logits, w.draft_logits, k, splits, wait=True),
+                  "chain-k-read-first": PositionChain(w.target_logits, w.draft_logits, k, splits, wait=True,
+                                                      read_first=True)}
         fast = w.with_randomness("fast")
         fused = tk.fused_logits_launcher(_inputs(fast), allocate_outputs(fast), True, fast.seed, 0)
         read_rows = int(probes["chain-k"].rows_read().sum())

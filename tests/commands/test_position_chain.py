@@ -20,9 +20,10 @@ for vocab, splits in ((1000, 3), (5000, 2), (9, 4)):
     target = torch.randn(batch, gamma + 1, vocab) * 4
     draft = torch.randn(batch, gamma, vocab) * 4
     target[0, 1, : vocab // 2] = float("-inf")  # half a row masked out by its logits
-    for name, stop, wait in (("chain-k", [0, 2, 3], True), ("parallel", [3, 3, 3], False),
-                             ("chain-all", [3, 3, 3], True)):
-        probe = PositionChain(target, draft, torch.tensor(stop), splits, wait)
+    for name, stop, wait, read_first in (("chain-k", [0, 2, 3], True, False), ("parallel", [3, 3, 3], False, False),
+                                         ("chain-all", [3, 3, 3], True, False),
+                                         ("chain-k-read-first", [0, 2, 3], True, True)):
+        probe = PositionChain(target, draft, torch.tensor(stop), splits, wait, read_first)
         for call in range(3):  # later calls: new epochs over the earlier ones' frontier and counts
             if call == 2:
                 probe.epoch = 2**31 // FRONTIER_STATES - 2  # the last epoch before the wrap: this call's
@@ -42,7 +43,7 @@ print(json.dumps(report))
 def test_the_chain_reads_up_to_each_stop_and_gets_torchs_stats():
     report = run_interpreted(CASE)
     stopped, states = report.pop("stopped"), report.pop("states")
-    modes = ("chain-k", "parallel", "chain-all")
+    modes = ("chain-k", "parallel", "chain-all", "chain-k-read-first")
     assert set(report) == {f"{vocab}/{mode}/{call}" for vocab in (1000, 5000, 9) for mode in modes for call in range(3)}
     for case, verdict in report.items():
         assert verdict["problem"] is None and verdict["arrivals_zero"], (case, verdict)
@@ -51,10 +52,11 @@ def test_the_chain_reads_up_to_each_stop_and_gets_torchs_stats():
     assert report["1000/chain-k/2"]["epoch"] == 2**31 // states - 1
     # stops at 0, 2, 3 of γ = 3: 5 + 1 + 0 of the 21 rows are never read
     assert report["1000/chain-k/0"]["unread_rows"] == 6 and report["1000/parallel/0"]["unread_rows"] == 0
+    assert report["1000/chain-k-read-first/0"]["unread_rows"] == 6  # read, then dropped: no stats
 
 
-@pytest.mark.parametrize("wait", [True, False])
-def test_the_probe_compiles_for_sm90(wait):
+@pytest.mark.parametrize("wait,read_first", [(True, False), (False, False), (True, True)])
+def test_the_probe_compiles_for_sm90(wait, read_first):
     """Offline, no GPU (as test_logits_compile): the compiler's checks the interpreter skips. The wait polls the
     frontier with acquire loads; the last arrival publishes it with a release exchange."""
     triton = pytest.importorskip("triton")
@@ -69,7 +71,8 @@ def test_the_probe_compiles_for_sm90(wait):
     fn = position_chain._position_chain_kernel
     types = {"target_ptr": "*bf16", "draft_ptr": "*bf16", "stop_at_ptr": "*i32", "arrivals_ptr": "*i32",
              "frontier_ptr": "*i32", "abort_ptr": "*i32", "partial_ptr": "*fp32", "stats_ptr": "*fp32"}
-    constexprs = {"GAMMA": 4, "TILE": position_chain.TILE, "WAIT": wait, "STATES": position_chain.FRONTIER_STATES,
+    constexprs = {"GAMMA": 4, "TILE": position_chain.TILE, "WAIT": wait, "READ_FIRST": read_first,
+                  "STATES": position_chain.FRONTIER_STATES,
                   "STOP": position_chain.STOPPED, "MAX_POLLS": position_chain.MAX_POLLS}
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
     source = ASTSource(fn=fn, signature=signature,
