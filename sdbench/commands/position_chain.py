@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sdbench.ops.prob_verify_logits.triton_kernels import INTERPRETED, LOG2E, LOWEST, _fold_tile
+
 STOPPED = 63  # the frontier's state once its sequence has stopped (γ < STOPPED)
 FRONTIER_STATES = 64  # frontier = epoch · FRONTIER_STATES + state
 # A waiting program gives up after this many polls (~1 s) and raises the abort word, which every other waiter
@@ -41,21 +43,23 @@ TILE = 1024
 
 
 @triton.jit
-def _split_partial(row_ptr, split, span, vocab, TILE: tl.constexpr):
-    """(max, Σexp relative to it) over the split's columns of one row, online across tiles."""
-    cols = tl.arange(0, TILE)
-    m = tl.full([TILE], float("-inf"), tl.float32)
-    s = tl.zeros([TILE], tl.float32)
+def _split_partial(row_ptr, split, span, vocab, TILE: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr):
+    """(max, Σexp relative to it) over the split's columns of one row (temperature 1), folded a tile at a time
+    by pass 1's `_fold_tile`, one 16-byte load a lane, so a step reads and folds as pass 1 does."""
+    lanes = tl.arange(0, TILE // VEC)
+    offsets = lanes[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    m = tl.full([TILE // VEC], LOWEST, tl.float32)
+    s = tl.zeros([TILE // VEC], tl.float32)
+    arg = tl.zeros([TILE // VEC], tl.int32)  # (no greedy rows here: never read)
     start = split * span
+    end = tl.minimum(start + span, vocab)
     for offset in range(0, span, TILE):
-        c = start + offset + cols
-        x = tl.load(row_ptr + c, mask=(c < vocab) & (offset + cols < span), other=float("-inf")).to(tl.float32)
-        new_m = tl.maximum(m, x)
-        s = s * tl.exp(tl.where(new_m == float("-inf"), 0.0, m - new_m)) + tl.where(
-            x == float("-inf"), 0.0, tl.exp(x - tl.where(new_m == float("-inf"), 0.0, new_m)))
-        m = new_m
+        cols = start + offset + offsets
+        x = tl.load(row_ptr + cols, mask=cols < end, other=float("-inf")).to(tl.float32)
+        m, s, arg = _fold_tile(x, m, s, arg, start + offset + lanes * VEC, LOG2E, False, FTZ_EXP2)
     row_m = tl.max(m, axis=0)
-    return row_m, tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - row_m)), axis=0)
+    total = tl.sum(s * tl.exp2((m - row_m) * LOG2E), axis=0)
+    return tl.where(total > 0, row_m, float("-inf")), total
 
 
 @triton.jit
@@ -82,8 +86,8 @@ def _position_chain_kernel(
     target_ptr, draft_ptr, stop_at_ptr, partial_ptr, stats_ptr, arrivals_ptr, frontier_ptr, abort_ptr,
     batch, vocab, span, splits, epoch,
     stride_p_b, stride_p_row, stride_q_b, stride_q_row,
-    GAMMA: tl.constexpr, TILE: tl.constexpr, WAIT: tl.constexpr, READ_FIRST: tl.constexpr, STATES: tl.constexpr,
-    STOP: tl.constexpr, MAX_POLLS: tl.constexpr,
+    GAMMA: tl.constexpr, TILE: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, WAIT: tl.constexpr,
+    READ_FIRST: tl.constexpr, STATES: tl.constexpr, STOP: tl.constexpr, MAX_POLLS: tl.constexpr,
 ):
     """Grid ((γ+1)·B·2·splits,), position-major; see the module's docstring. partial: fp32 [B, 2γ+1, splits, 2];
     stats: fp32 [B, 2γ+1, 2] (rows ordered target 0, draft 0, target 1, …, target γ); arrivals: int32 [B, γ+1],
@@ -105,12 +109,12 @@ def _position_chain_kernel(
     else:
         row_ptr = target_ptr + seq * stride_p_b + j * stride_p_row
     if READ_FIRST:
-        row_m, row_s = _split_partial(row_ptr, split, span, vocab, TILE)
+        row_m, row_s = _split_partial(row_ptr, split, span, vocab, TILE, VEC, FTZ_EXP2)
     if WAIT & (j > 0):
         if not _frontier_reached(frontier_ptr + seq, abort_ptr, epoch, j, STATES, STOP, MAX_POLLS):
             return  # the sequence stopped before j (its row j is not used), or the chain was abandoned
     if not READ_FIRST:
-        row_m, row_s = _split_partial(row_ptr, split, span, vocab, TILE)
+        row_m, row_s = _split_partial(row_ptr, split, span, vocab, TILE, VEC, FTZ_EXP2)
     row = 2 * j + is_draft
     slot = partial_ptr + ((seq * (2 * GAMMA + 1) + row) * splits + split) * 2
     tl.store(slot, row_m)
@@ -146,8 +150,8 @@ class PositionChain:
             raise ValueError(f"draft logits must be [B, γ, V] = {(batch, self.gamma, vocab)}, got {tuple(draft.shape)}")
         if not 1 <= splits <= 1024 or self.gamma >= STOPPED:
             raise ValueError(f"splits must be in [1, 1024] and γ < {STOPPED}, got {splits} and {self.gamma}")
-        if target.stride(2) != 1 or draft.stride(2) != 1:
-            raise ValueError("logits rows must be contiguous")
+        if target.stride(2) != 1 or draft.stride(2) != 1 or draft.dtype != target.dtype:
+            raise ValueError("logits rows must be contiguous, target and draft of one dtype")
         if stop_at.shape != (batch,) or stop_at.device != target.device:
             raise ValueError(f"stop_at must be [B] = [{batch}] on {target.device}, got {tuple(stop_at.shape)} on "
                              f"{stop_at.device}")
@@ -170,8 +174,9 @@ class PositionChain:
             self.target, self.draft, self.stop_at, self.partial, self.stats, self.arrivals, self.frontier, self.abort,
             self.batch, self.vocab, self.span, self.splits, self.epoch,
             self.target.stride(0), self.target.stride(1), self.draft.stride(0), self.draft.stride(1),
-            GAMMA=self.gamma, TILE=TILE, WAIT=self.wait, READ_FIRST=self.read_first, STATES=FRONTIER_STATES,
-            STOP=STOPPED, MAX_POLLS=MAX_POLLS, num_warps=4)
+            GAMMA=self.gamma, TILE=TILE, VEC=16 // self.target.element_size(),
+            FTZ_EXP2=self.target.is_cuda and not INTERPRETED, WAIT=self.wait, READ_FIRST=self.read_first,
+            STATES=FRONTIER_STATES, STOP=STOPPED, MAX_POLLS=MAX_POLLS, num_warps=4)
         return self.stats
 
 

@@ -15,10 +15,11 @@ torch.manual_seed(0)
 batch, gamma = 3, 3
 report = {}
 # (vocab, splits): one tile a split; several tiles a split (span 2500 > TILE, so the running sum is rescaled);
-# a split past the vocabulary (span 3: the fourth split of 9 columns is empty)
-for vocab, splits in ((1000, 3), (5000, 2), (9, 4)):
-    target = torch.randn(batch, gamma + 1, vocab) * 4
-    draft = torch.randn(batch, gamma, vocab) * 4
+# a split past the vocabulary (span 3: the fourth split of 9 columns is empty); bf16 logits (8 a lane, not 4)
+for vocab, splits, dtype in ((1000, 3, torch.float32), (5000, 2, torch.float32), (9, 4, torch.float32),
+                             (2000, 3, torch.bfloat16)):
+    target = (torch.randn(batch, gamma + 1, vocab) * 4).to(dtype)
+    draft = (torch.randn(batch, gamma, vocab) * 4).to(dtype)
     target[0, 1, : vocab // 2] = float("-inf")  # half a row masked out by its logits
     for name, stop, wait, read_first in (("chain-k", [0, 2, 3], True, False), ("parallel", [3, 3, 3], False, False),
                                          ("chain-all", [3, 3, 3], True, False),
@@ -44,7 +45,8 @@ def test_the_chain_reads_up_to_each_stop_and_gets_torchs_stats():
     report = run_interpreted(CASE)
     stopped, states = report.pop("stopped"), report.pop("states")
     modes = ("chain-k", "parallel", "chain-all", "chain-k-read-first")
-    assert set(report) == {f"{vocab}/{mode}/{call}" for vocab in (1000, 5000, 9) for mode in modes for call in range(3)}
+    assert set(report) == {f"{vocab}/{mode}/{call}" for vocab in (1000, 5000, 9, 2000) for mode in modes
+                           for call in range(3)}
     for case, verdict in report.items():
         assert verdict["problem"] is None and verdict["arrivals_zero"], (case, verdict)
         # every sequence's frontier ends "stopped" in this call's epoch (the wrap's call included)
@@ -71,7 +73,8 @@ def test_the_probe_compiles_for_sm90(wait, read_first):
     fn = position_chain._position_chain_kernel
     types = {"target_ptr": "*bf16", "draft_ptr": "*bf16", "stop_at_ptr": "*i32", "arrivals_ptr": "*i32",
              "frontier_ptr": "*i32", "abort_ptr": "*i32", "partial_ptr": "*fp32", "stats_ptr": "*fp32"}
-    constexprs = {"GAMMA": 4, "TILE": position_chain.TILE, "WAIT": wait, "READ_FIRST": read_first,
+    constexprs = {"GAMMA": 4, "TILE": position_chain.TILE, "VEC": 8, "FTZ_EXP2": True, "WAIT": wait,
+                  "READ_FIRST": read_first,
                   "STATES": position_chain.FRONTIER_STATES,
                   "STOP": position_chain.STOPPED, "MAX_POLLS": position_chain.MAX_POLLS}
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
