@@ -57,8 +57,6 @@ struct ScanTiling {
   int64_t min_tile_bytes = 0;    // worst-case KV bytes of one tile, at least (fewer blocks for tiny work)
   int64_t fixed_chunks = 0;      // 1: a sequence's chunks copy fixed byte ranges (the rule before the even split)
   int64_t late_load_bytes = 0;   // in one wave, chunks of this much KV or more load after the look-back
-  int64_t prefetch_l2 = 0;       // 1: every tile has the TMA prefetch its accepted KV into the L2 before the look-back,
-                                 // and loads it after (16-byte units only; scan_tiles variant p1)
 };
 int64_t scan_state_elems() { return 1 + kScanMaxGroups; }
 int64_t scan_max_batch() { return kScanMaxBatch; }
@@ -102,17 +100,6 @@ __device__ __forceinline__ void store_relaxed(unsigned long long* address, unsig
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
 }
 
-// The TMA unit pulls [address, address + bytes) from DRAM into the L2 (sm_90; bytes a multiple of 16, the address
-// 16-byte aligned). Nothing comes back to the SM, so unlike the copy's loads (or per-line prefetch.global.L2, which
-// session 12 measured slower) it leaves the SM's memory queues to the look-back's status reads.
-constexpr int64_t kPrefetchPieceBytes = 16 * 1024;  // one instruction a thread: a 256 KiB chunk in 16 threads
-__device__ __forceinline__ void prefetch_l2(const void* address, int64_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(static_cast<unsigned>(bytes))
-               : "memory");
-#endif
-}
-
 // floor(n / d) for 0 <= n < 2^31 as (n * magic) >> bits (Granlund and Montgomery 1994, theorem 4.2 with
 // N = 31: magic = ceil(2^(31 + l) / d), l = ceil(log2 d), which is below 2^32 for every d < 2^32).
 struct RowDivider {
@@ -138,7 +125,6 @@ struct TileShape {
   int chunks_per_seq;
   bool fixed_chunks;    // chunk c copies accepted bytes [c, c + 1) * chunk_bytes, not a 1/chunks_per_seq share
   bool late_loads;      // a chunk loads its first copy round after the look-back, not during it (tile_shape)
-  bool prefetch_l2;     // and the tile's accepted KV is prefetched into the L2 before the look-back (prefetch_l2)
   RowDivider row_of;    // a destination unit's row: unit / (row_bytes / sizeof(V)), set at launch (ShiftTable)
 };
 
@@ -491,7 +477,7 @@ __device__ __forceinline__ void chunk_of_accepted(const TileShape& shape, int64_
   bytes = (min(first + per_chunk, units) - first) * static_cast<int64_t>(sizeof(V));
 }
 
-template <typename Lengths, typename V, bool kLateLoads, bool kPrefetch = false>
+template <typename Lengths, typename V, bool kLateLoads>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     scan_pack_kernel(Lengths lengths, const char* __restrict__ draft_kv, char* __restrict__ packed_kv,
                      int64_t* __restrict__ packed_offsets, unsigned long long* scan_state, TileShape shape,
@@ -537,19 +523,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int64_t unit_bytes = sizeof(V);  // row_bytes, slab_bytes and chunk starts are multiples of it
   const int64_t tile_units = tile_bytes / unit_bytes, row_units = shape.row_bytes / unit_bytes;
   const V* source = reinterpret_cast<const V*>(draft_kv + first_seq * shape.slab_bytes + source_chunk);
-  if constexpr (kPrefetch) {  // the accepted bytes only: each sequence's are the first rows of its slab
-    if (count == 1) {
-      const char* first = reinterpret_cast<const char*>(source);
-      for (int64_t at = threadIdx.x * kPrefetchPieceBytes; at < tile_bytes; at += kThreads * kPrefetchPieceBytes) {
-        prefetch_l2(first + at, min(kPrefetchPieceBytes, tile_bytes - at));
-      }
-    } else {
-      for (int local = threadIdx.x; local < count; local += kThreads) {
-        const int rows = s_row_end[local] - (local == 0 ? 0 : s_row_end[local - 1]);
-        if (rows > 0) prefetch_l2(draft_kv + (first_seq + local) * shape.slab_bytes, rows * shape.row_bytes);
-      }
-    }
-  }
   // From the first load to the last store, for one way of finding a unit's source (chosen per block below).
   auto copy_tile = [&](auto source_of) {
     TileCopy<V, decltype(source_of)> copy{source, nullptr, source_of, tile_units};
@@ -652,7 +625,7 @@ int multiprocessor_count() {
 TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, ScanTiling tiling) {
   tiling = resolved(tiling);
   TileShape shape{batch, gamma, row_bytes, gamma * row_bytes, gamma * row_bytes, 1, 1, tiling.fixed_chunks != 0,
-                  false, tiling.prefetch_l2 != 0};
+                  false};
   const int64_t target_blocks = int64_t{sms} * kBlocksPerSm * tiling.waves;
   const int64_t total_bytes = batch * shape.slab_bytes;
   int64_t tile_bytes = (total_bytes + target_blocks - 1) / target_blocks;
@@ -670,8 +643,7 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
     shape.chunk_bytes = chunk_bytes;
     shape.chunks_per_seq = static_cast<int>((shape.slab_bytes + chunk_bytes - 1) / chunk_bytes);
     const int64_t one_wave = int64_t{sms} * kBlocksPerSm;  // whatever waves the tiles aim at: measured at one
-    shape.late_loads = shape.prefetch_l2 ||
-                       (shape.chunk_bytes >= tiling.late_load_bytes && batch * shape.chunks_per_seq <= one_wave);
+    shape.late_loads = shape.chunk_bytes >= tiling.late_load_bytes && batch * shape.chunks_per_seq <= one_wave;
     return shape;
   }
   // Round up where the cap allows (tile_bytes ~ total / target_blocks, so at most target_blocks groups),
@@ -692,7 +664,6 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   seqs = seqs > needed ? seqs : needed;
   seqs = seqs < 1 ? 1 : (seqs > kScanMaxTileSeqs ? kScanMaxTileSeqs : seqs);
   shape.seqs_per_tile = static_cast<int>(seqs);
-  shape.late_loads = shape.prefetch_l2;
   return shape;
 }
 
@@ -713,9 +684,6 @@ cudaError_t launch_with(const Lengths& lengths, const void* draft_kv, void* pack
   with_rows.row_of = RowDivider::of(shape.row_bytes / static_cast<int64_t>(sizeof(V)));
   // The load order is a template argument: as a runtime branch it made the 8- and 16-byte fused kernels spill.
   auto* kernel = shape.late_loads ? scan_pack_kernel<Lengths, V, true> : scan_pack_kernel<Lengths, V, false>;
-  if constexpr (sizeof(V) == 16) {  // the prefetch's sizes and addresses are multiples of 16 bytes
-    if (shape.prefetch_l2) kernel = scan_pack_kernel<Lengths, V, true, true>;
-  }
   kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
       lengths, static_cast<const char*>(draft_kv), static_cast<char*>(packed_kv), packed_offsets,
       reinterpret_cast<unsigned long long*>(scan_state), with_rows, writes_verdict);

@@ -90,8 +90,6 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             changes["lean_scan"] = part == "lean"
         elif part == "one":
             changes["single"] = True
-        elif part.startswith("keep"):
-            changes["keep_positions"] = int(part[4:])
         elif part.startswith("reg"):
             changes["maxnreg"] = int(part[3:])
         elif part.startswith("lag"):

@@ -12,8 +12,7 @@ N sequence groups where such tiles allow; default 4096), `f1` (a sequence's chun
 ranges of its slab, the rule before the accepted bytes were split evenly over them), `l<KiB>` (in a grid of
 one wave of resident blocks or less, chunks of a sequence of at least KiB of worst-case KV load their first
 copy round after the look-back, not during it; default 64; l65536 keeps the loads of every chunk up to 64 MiB
-during the look-back), `p1` (every tile loads after the look-back, and before it the TMA prefetches the tile's
-accepted KV into the L2: cp.async.bulk.prefetch, 16-byte units only); `default` changes nothing. Each point also times --peers (default: fused,
+during the look-back); `default` changes nothing. Each point also times --peers (default: fused,
 ballot+pack_cuda, ballot+pack_scan) and the launch floor (an empty kernel) in the same rotation, so every line
 reads against the others of its run. Times:
 CUPTI GPU time, the median over --iters calls, per L2 state.
@@ -44,10 +43,10 @@ def tiling(variant: str) -> dict[str, int]:
         if part in ("default", ""):
             continue
         kind, digits = part[0], part[1:]
-        bad_flag = kind in "fp" and digits != "1"
-        if kind not in "wtgmflp" or not digits.isdigit() or not 1 <= int(digits) <= 65536 or bad_flag:
+        bad_flag = kind == "f" and digits != "1"
+        if kind not in "wtgmfl" or not digits.isdigit() or not 1 <= int(digits) <= 65536 or bad_flag:
             raise ValueError(f"unknown variant part {part!r}: w<waves>, t<KiB>, m<KiB>, g<groups>, l<KiB> "
-                             "(1..65536), f1, p1 or default")
+                             "(1..65536), f1 or default")
         value = int(digits)
         if kind == "w":
             changes["tile_waves"] = value
@@ -59,8 +58,6 @@ def tiling(variant: str) -> dict[str, int]:
             changes["fixed_chunks"] = value
         elif kind == "l":
             changes["late_load_bytes"] = value * 1024
-        elif kind == "p":
-            changes["prefetch_l2"] = value
         else:
             changes["look_back_groups"] = value
     return changes

@@ -216,21 +216,6 @@ def _fold_tile(x, m, s, arg, first_cols, scale, greedy, FTZ: tl.constexpr):
 
 # --- pass 1: per-row (max, Σexp, argmax) partials -----------------------------------------------
 @triton.jit
-def _load_row_tile(pointers, mask, stream, KEEP_POSITIONS: tl.constexpr):
-    """A tile of pass 1's logits; where KEEP_POSITIONS > 0, rows past the first KEEP_POSITIONS positions (stream)
-    load with the L2's evict-first priority, so the rows the race most likely reads again (small k) stay in the
-    L2 (an experiment: `logits_kernels` variant keep<N>)."""
-    if KEEP_POSITIONS > 0:
-        if stream:
-            x = tl.load(pointers, mask=mask, other=float("-inf"), eviction_policy="evict_first")
-        else:
-            x = tl.load(pointers, mask=mask, other=float("-inf"))
-    else:
-        x = tl.load(pointers, mask=mask, other=float("-inf"))
-    return x
-
-
-@triton.jit
 def _row_stats_program(
     row, split, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
     row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr,
@@ -239,7 +224,7 @@ def _row_stats_program(
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr,
-    SKIP_GREEDY_DRAFTS: tl.constexpr, KEEP_POSITIONS: tl.constexpr,
+    SKIP_GREEDY_DRAFTS: tl.constexpr,
 ):
     """Pass 1's program (row, s), grid (B·(2γ+1), splits) in `_row_stats_kernel`: columns
     [s·span, min((s+1)·span, V)) of one row, TILE at a time, as TILE/VEC lanes of VEC adjacent logits (one 16-byte load a lane: VEC = 8 bf16 or 4 fp32).
@@ -286,24 +271,21 @@ def _row_stats_program(
             end = tl.where(tl.load(target_temp_ptr + b) == 0, start, end)
     lanes = tl.arange(0, TILE // VEC)
     offsets = lanes[:, None] * VEC + tl.arange(0, VEC)[None, :]  # [lanes, VEC]: one 16-byte load a lane
-    stream = tl.where(r <= GAMMA, r, r - GAMMA - 1) >= KEEP_POSITIONS
-    everything = offsets >= 0
     m = tl.full([TILE // VEC], LOWEST, tl.float32)
     s = tl.zeros([TILE // VEC], tl.float32)
     arg = tl.full([TILE // VEC], NO_INDEX, tl.int32)
     full_tiles = (end - start) // TILE
     if full_tiles > 0:  # the span's whole tiles, no mask: the next tile loads while this one is folded in
-        x = _load_row_tile(base + start + offsets, everything, stream, KEEP_POSITIONS).to(tl.float32)
+        x = tl.load(base + start + offsets).to(tl.float32)
         for t in range(1, full_tiles + 1):
             # the last step re-loads the last whole tile (an L1 hit) rather than read past the whole tiles
-            next_x = _load_row_tile(base + start + tl.minimum(t, full_tiles - 1) * TILE + offsets, everything, stream,
-                                    KEEP_POSITIONS).to(tl.float32)
+            next_x = tl.load(base + start + tl.minimum(t, full_tiles - 1) * TILE + offsets).to(tl.float32)
             m, s, arg = _fold_tile(x, m, s, arg, start + (t - 1) * TILE + lanes * VEC, scale, greedy, FTZ_EXP2)
             x = next_x
     tail = start + full_tiles * TILE
     if tail < end:  # the row's last, partial tile
         cols = tail + offsets
-        x = _load_row_tile(base + cols, cols < end, stream, KEEP_POSITIONS).to(tl.float32)
+        x = tl.load(base + cols, mask=cols < end, other=float("-inf")).to(tl.float32)
         m, s, arg = _fold_tile(x, m, s, arg, tail + lanes * VEC, scale, greedy, FTZ_EXP2)
     row_max = tl.max(m, axis=0)
     total = tl.sum(s * tl.exp2((m - row_max) * scale), axis=0)
@@ -365,7 +347,7 @@ def _row_stats_kernel(
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
-    SKIP_GREEDY_DRAFTS: tl.constexpr, KEEP_POSITIONS: tl.constexpr = 0,
+    SKIP_GREEDY_DRAFTS: tl.constexpr,
 ):
     """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s. PDL: the kernel after it
     (launched with launch_pdl) may start its programs as soon as all of pass 1's have started."""
@@ -375,8 +357,7 @@ def _row_stats_kernel(
         stats_sum_ptr, stats_arg_ptr, row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr, draft_tokens_ptr,
         uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, timeline_ptr, seed, vocab, span,
         splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b, GAMMA, TILE, COMBINE,
-        SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE, SKIP_GREEDY_DRAFTS,
-        KEEP_POSITIONS)
+        SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE, SKIP_GREEDY_DRAFTS)
 
 
 @triton.jit
@@ -1215,7 +1196,7 @@ def _one_launch_kernel(
             arrivals_ptr, draft_tokens_ptr, uniforms_ptr, offsets_ptr, arrivals_ptr, arrivals_ptr, error_flags_ptr,
             done_ptr, seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b,
             stride_u_b, GAMMA, TILE, False, STATS_PAD, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH,
-            False, True, 0)
+            False, True)
         tl.atomic_add(done_ptr + seq, 1, sem="release")  # after this program's partial
     else:
         done = tl.atomic_add(done_ptr + seq, 0, sem="acquire")
@@ -1578,8 +1559,7 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
 
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,
                   combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None,
-                  timeline: torch.Tensor | None = None, pdl: bool = False, skip_greedy_drafts: bool = False,
-                  keep_positions: int = 0):
+                  timeline: torch.Tensor | None = None, pdl: bool = False, skip_greedy_drafts: bool = False):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
     each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
     `_scan_in_pass_one`'s tensors: offsets, sequence_arrivals, stop, error_flags; and fast, seed) the
@@ -1608,7 +1588,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
                 VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
                 TIMELINE=timeline is not None, PDL=pdl, SKIP_GREEDY_DRAFTS=skip_greedy_drafts,
-                KEEP_POSITIONS=keep_positions, num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
+                num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
 
@@ -1618,8 +1598,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           scan: str | None = None, sample: str | None = None, combine: bool | None = None,
                           stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
                           lag: int | None = None, maxnreg: int | None = None, timeline: bool = False,
-                          pdl: bool | None = None, tokens_first: bool | None = None, lean_scan: bool = True,
-                          keep_positions: int = 0):
+                          pdl: bool | None = None, tokens_first: bool | None = None, lean_scan: bool = True):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1693,7 +1672,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                  combine, timeline, pdl, tokens_first, lean_scan, keep_positions)
+                                  combine, timeline, pdl, tokens_first, lean_scan)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
@@ -1704,7 +1683,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm, token_race=rule == "token")
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                          combine, timeline, pdl, tokens_first, lean_scan, keep_positions)
+                                          combine, timeline, pdl, tokens_first, lean_scan)
         # (from the kernels compiled with the first plans: the race's registers can move a little with its steps)
         launch.programs_per_sm = (stats_per_sm, race_per_sm)
     return launch
@@ -1713,7 +1692,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
                          sample: str | None, combine: bool, timeline: bool = False, pdl: bool = False,
-                         tokens_first: bool | None = None, lean_scan: bool = True, keep_positions: int = 0):
+                         tokens_first: bool | None = None, lean_scan: bool = True):
     """fused_logits_launcher with every choice made (tokens_first None: `default_tokens_first`)."""
     cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
@@ -1746,7 +1725,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                  torch.zeros(batch * race.programs * RACE_MARKS.value, dtype=torch.int64, device=device))
     stats_launch = _stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None,
                                  scan=pass_one_scan, timeline=None if marks is None else marks[0], pdl=pdl,
-                                 skip_greedy_drafts=rule == "token", keep_positions=keep_positions)
+                                 skip_greedy_drafts=rule == "token")
     launches = [stats_launch]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))
