@@ -323,7 +323,7 @@ def _print_ptxas_report() -> None:
 # --- sweep -------------------------------------------------------------------------------------
 @command("sweep")
 def sweep_command(
-    preset: Annotated[str | None, typer.Option(help="A published grid: main, gamma-sensitivity, fused, quick, scale, scale-kv (options below override it).")] = None,
+    preset: Annotated[str | None, typer.Option(help="A published grid: main, gamma-sensitivity, fused, quick, scale, scale-kv, scale-pack (options below override it).")] = None,
     b: Annotated[str | None, typer.Option("--b", help="Batch sizes (default: 1,4,16,32).")] = None,
     gamma: Annotated[str | None, typer.Option(help="Draft lengths γ (default: 8,64,128).")] = None,
     alpha: Annotated[str | None, typer.Option(help="Acceptance rates in [0, 1] (default: 0.3,0.6,0.9).")] = None,

@@ -67,6 +67,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "op": "verify_pack", "batch_sizes": (1, 8, 32, 256, 1024, 4096, 16384, 65536), "gammas": (4, 8, 32, 128),
         "alphas": (0.3, 0.9), "kv_dims": (64, 128, 1024, 4096),
     },
+    # [scale branch, issue #17] pack alone over scale-kv's grid: "pack_cuda likewise near the copy floor at every
+    # scale" (the report's pack roofline table)
+    "scale-pack": {
+        "op": "pack", "batch_sizes": (1, 8, 32, 256, 1024, 4096, 16384, 65536), "gammas": (4, 8, 32, 128),
+        "alphas": (0.3, 0.9), "kv_dims": (64, 128, 1024, 4096),
+    },
 }
 
 

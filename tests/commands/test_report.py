@@ -453,6 +453,29 @@ def test_kv_roofline_judges_cold_configs_of_4_mb_and_more_against_the_copy_floor
     assert row[table.columns.index("fused µs (% of copy)")].endswith(f"({floor / (1.2 * floor + 2):.0%})")
 
 
+def test_pack_roofline_gives_every_implementation_a_column_and_a_verdict(tmp_path):
+    """Planted at 3000 GB/s: pack_scan at 1.1 × floor + 1 µs (meets 1.3 × floor + 2), pack_cuda at 2 × floor + 2
+    (misses); pack has no two-step column. A report without pack rows has no pack table."""
+    def floor_us(c):
+        return 2 * c["kv_bytes"] / 3000.0 / 1e3
+
+    models = {("pack", "pack_scan"): lambda c, v: 1.1 * floor_us(c) + 1.0,
+              ("pack", "pack_cuda"): lambda c, v: 2.0 * floor_us(c) + 2.0}
+    rows = synthetic_results.make_rows(models, batch_sizes=(32,), gammas=(128,), alphas=(0.9,), kv_dims=(2048,),
+                                       views=("gpu",))
+    path = synthetic_results.write(tmp_path / "pack.parquet", [{**row, "cold_l2": True} for row in rows])
+    tables = report.build_report([path], ceiling_gbps=3000.0).tables
+    table = next(t for t in tables if t.title.startswith("pack roofline"))
+    assert table.columns[3:] == ["pack_cuda µs (% of copy)", "pack_scan µs (% of copy)", "≤ 1.3 × floor + 2 µs"]
+    assert _column(table, table.columns[-1]) == ["pack_cuda: no; pack_scan: yes"]
+    floor = 2 * int(32 * 128 * 0.9 * 2048 * 2) / 3000.0 / 1e3
+    assert table.rows[0][table.columns.index("pack_scan µs (% of copy)")].endswith(f"({floor / (1.1 * floor + 1):.0%})")
+    kv_only = synthetic_results.write(tmp_path / "kv.parquet", synthetic_results.make_rows(
+        {("verify_pack", "fused"): lambda c, v: 5.0}, batch_sizes=(4,), gammas=(8,), alphas=(0.9,), kv_dims=(128,),
+        views=("gpu",)))
+    assert not [t for t in report.build_report([kv_only], ceiling_gbps=3000.0).tables if t.title.startswith("pack ")]
+
+
 def test_fused_table_counts_ties_with_the_best_two_step(gpu_report):
     """By hand from the synthetic wall models: fused_single_block against the faster of the two others."""
     grid = [(b, g, a, kv) for b in (4, 32) for g in (8, 64, 128) for a in (0.3, 0.6, 0.9) for kv in (128, 2048)]

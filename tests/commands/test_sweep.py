@@ -29,7 +29,7 @@ def _keys(folder):
 # --- grids -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("preset", "size", "op"), [
     ("main", 36, "verify"), ("gamma-sensitivity", 12, "verify"), ("fused", 32, "verify_pack"), ("quick", 8, "verify"),
-    ("scale", 40, "verify"), ("scale-kv", 256, "verify_pack"),
+    ("scale", 40, "verify"), ("scale-kv", 256, "verify_pack"), ("scale-pack", 256, "pack"),
 ])
 def test_presets(preset, size, op):
     spec = sweep.build_spec(preset)

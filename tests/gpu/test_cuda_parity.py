@@ -106,7 +106,7 @@ def test_fused_single_block_refuses_more_than_32_sequences():
     assert registry.get("verify_pack", "fused_single_block").supports(cfg) is not None
     w = make_workload("verify_pack", cfg, "cuda")
     from sdbench.ops.backends import cuda_ops
-    from sdbench.ops.pack.cuda_impls import pack_outputs
+    from sdbench.ops.pack.outputs import pack_outputs
     from sdbench.ops.verify.cuda_impls import verify_outputs
 
     buffers = {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
@@ -126,17 +126,20 @@ def test_bad_output_shape_is_a_clear_error():
 
 
 # --- sync-free and graph-capturable -------------------------------------------------------------------
-# One small point and one that takes the cooperative drivers (pack: B > 4096; fused: large B*gamma).
+# One small point and one that takes the other kernel or driver (pack_cuda: pack.cu's replicated driver up to B = 16,
+# the scan kernel above; fused: the cooperative driver at large B*gamma; ballot+pack_cuda: pack.cu at any B).
 SYNC_FREE_CASES = [
     ("verify", "naive", VerifyConfig(33, 128, 0.9)),
     ("verify", "ballot", VerifyConfig(33, 128, 0.9)),
     ("verify", "ballot", VerifyConfig(4096, 33, 0.5, token_dtype="int32")),
+    ("pack", "pack_cuda", VerifyConfig(16, 128, 0.9, kv_dim=2048)),
     ("pack", "pack_cuda", VerifyConfig(32, 128, 0.9, kv_dim=2048)),
     ("pack", "pack_cuda", VerifyConfig(8192, 4, 0.5, kv_dim=120)),
     ("verify_pack", "fused_single_block", VerifyConfig(32, 128, 0.9, kv_dim=128)),
     ("verify_pack", "fused", VerifyConfig(32, 128, 0.9, kv_dim=2048)),
     ("verify_pack", "fused", VerifyConfig(33, 1024, 0.9, kv_dim=8, token_dtype="int32", kv_dtype="bfloat16")),
     ("verify_pack", "ballot+pack_cuda", VerifyConfig(32, 128, 0.9, kv_dim=512)),
+    ("verify_pack", "ballot+pack_cuda", VerifyConfig(8192, 4, 0.5, kv_dim=120)),  # pack.cu's cooperative driver
 ]
 
 
@@ -196,17 +199,30 @@ def test_graph_replay_on_fresh_inputs(case):
 
 
 # --- bad lengths and misaligned base pointers ---------------------------------------------------------
-@pytest.mark.parametrize("batch", [5, 4100], ids=["replicated", "cooperative"])
+@pytest.mark.parametrize("batch", [5, 4100], ids=["replicated", "scan-and-cooperative"])
 def test_pack_clamps_and_flags_lengths_outside_0_gamma(batch):
-    """Lengths above γ and below 0 are clamped and flagged (sdbench.ops.input_contract), by the
-    replicated and the cooperative driver alike, exactly as the reference does."""
+    """Lengths above γ and below 0 are clamped and flagged (sdbench.ops.input_contract), exactly as the reference
+    does, by every kernel that packs given lengths: pack.cu's replicated driver (pack_cuda at B = 5), the scan
+    kernel (pack_cuda above B = 16) and pack.cu's cooperative driver (B > 4096), which no registered path reaches
+    with given lengths below the scan's batch limit, so it is called directly."""
+    from sdbench.ops.backends import cuda_ops
+    from sdbench.ops.pack.cuda_impls import pack_kernel
+    from sdbench.ops.pack.outputs import pack_outputs
+
     workload = make_workload("pack", VerifyConfig(batch, 4, 0.6, kv_dim=8, seed=5), "cuda")
     bad = torch.tensor([9, -3, 4, 0, 5], device="cuda")
     workload.accepted_lengths[: bad.numel()] = bad
+    assert pack_kernel(workload.config) == ("pack_cuda" if batch == 5 else "pack_scan")
     for impl in _impls("pack"):
         assert parity.check(impl, workload) is None, impl.name
-    flags = parity.expected_outputs("pack", workload)["error_flags"]
-    assert flags[:5].tolist() == [2, 2, 0, 0, 2]
+    expected = parity.expected_outputs("pack", workload)
+    assert expected["error_flags"][:5].tolist() == [2, 2, 0, 0, 2]
+    if batch > 4096:
+        out = pack_outputs(workload)
+        parity.poison(out, expected)
+        cuda_ops().pack_flagged(workload.draft_kv, workload.accepted_lengths, out["packed_kv"], out["packed_offsets"],
+                                out["error_flags"])
+        assert parity.compare(expected, out) is None
 
 
 @pytest.mark.parametrize("op, batch", [("pack", 33), ("verify_pack", 33), ("verify_pack", 5)])

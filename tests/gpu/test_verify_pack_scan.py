@@ -107,7 +107,7 @@ def test_pack_scan_clamps_bad_lengths():
 
 def test_state_of_the_wrong_size_is_a_clear_error():
     from sdbench.ops.backends import cuda_ops
-    from sdbench.ops.pack.cuda_impls import pack_outputs
+    from sdbench.ops.pack.outputs import pack_outputs
 
     w = make_workload("pack", VerifyConfig(4, 8, 0.5, kv_dim=8), "cuda")
     out = pack_outputs(w)
@@ -122,7 +122,7 @@ def test_one_state_serves_different_grids_in_turn():
     of different grid sizes on one state alternate without a reset, and stale flags of earlier launches
     (other epochs) are never read."""
     from sdbench.ops.backends import cuda_ops
-    from sdbench.ops.pack.cuda_impls import pack_outputs
+    from sdbench.ops.pack.outputs import pack_outputs
 
     state = scan_state("cuda")
     configs = [VerifyConfig(4096, 8, 0.6, kv_dim=128, seed=s) for s in range(3)]
@@ -174,7 +174,7 @@ TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5
 @pytest.mark.parametrize("cfg", TILING_CASES, ids=_case_id)
 def test_every_tile_rule_gives_the_reference(cfg):
     from sdbench.ops.backends import cuda_ops
-    from sdbench.ops.pack.cuda_impls import pack_outputs
+    from sdbench.ops.pack.outputs import pack_outputs
     from sdbench.ops.verify.cuda_impls import verify_outputs
     from sdbench.ops.verify_pack.reference import verify_pack
 
@@ -204,7 +204,7 @@ def test_every_tile_rule_gives_the_reference(cfg):
                                          ("fixed_chunks", 2), ("late_load_bytes", -1)])
 def test_tile_knobs_out_of_range_are_a_clear_error(knob, value):
     from sdbench.ops.backends import cuda_ops
-    from sdbench.ops.pack.cuda_impls import pack_outputs
+    from sdbench.ops.pack.outputs import pack_outputs
 
     w = make_workload("pack", VerifyConfig(4, 8, 0.5, kv_dim=8), "cuda")
     out = pack_outputs(w)

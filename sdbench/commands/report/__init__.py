@@ -298,6 +298,8 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
         summary_table(report), latency_table(report), alpha_table(report), fused_table(report), limits_table(report),
         roofline_table(report), kv_roofline_table(report),
     ]
+    if any(cell.get("op") == "pack" for cell in report.cells):  # (a table of notes only where no pack was timed)
+        report.tables.append(kv_roofline_table(report, "pack"))
     return report
 
 
@@ -609,21 +611,27 @@ FUSED_TIE = 1.03  # a fused kernel "ties" the best two-step within 3% (issue #17
 KV_FLOOR_BAR_SCALE, KV_FLOOR_BAR_US, KV_FLOOR_BAR_MIN_BYTES = 1.3, 2.0, 4e6
 
 
-def kv_roofline_table(report: Report) -> ReportTable:
-    """verify_pack against its copy floor: every accepted KV byte read once and written once."""
-    table = ReportTable("verify_pack roofline: GPU time against the copy floor (accepted KV read + written)", [])
-    cells = [cell for cell in report.cells if cell.get("op") == "verify_pack" and report.shown(cell)
+def kv_roofline_table(report: Report, op: str = "verify_pack") -> ReportTable:
+    """A KV op against its copy floor: every accepted KV byte read once and written once. verify_pack: its fused
+    kernels, each a column, and the best two-step pipeline; pack: every implementation, each a column (#17 asks
+    for pack near the floor at every scale too; the bar's verdict is given for it alike)."""
+    table = ReportTable(f"{op} roofline: GPU time against the copy floor (accepted KV read + written)", [])
+    cells = [cell for cell in report.cells if cell.get("op") == op and report.shown(cell)
              and cell.median("gpu") and cell.kv_bytes]
     if not cells or not report.ceiling_gbps:
-        table.notes.append("no verify_pack rows with gpu time in these results" if not cells
+        table.notes.append(f"no {op} rows with gpu time in these results" if not cells
                            else "no copy ceiling known (give --ceiling-gbps): no copy floor")
         return table
     names = sorted({cell.impl for cell in cells})
-    fused = [name for name in names if name.startswith("fused")]
-    two_step = [name for name in names if not name.startswith("fused")]
+    if op == "verify_pack":
+        fused = [name for name in names if name.startswith("fused")]
+        two_step = [name for name in names if not name.startswith("fused")]
+    else:
+        fused, two_step = names, []
     varying = varying_keys(cells)
     table.columns = ["config", "accepted KV", "floor µs", *(f"{name} µs (% of copy)" for name in fused),
-                     "best two-step µs (% of copy)", f"≤ {KV_FLOOR_BAR_SCALE:g} × floor + {KV_FLOOR_BAR_US:g} µs"]
+                     *(["best two-step µs (% of copy)"] if two_step else []),
+                     f"≤ {KV_FLOOR_BAR_SCALE:g} × floor + {KV_FLOOR_BAR_US:g} µs"]
     met: dict[str, list[bool]] = defaultdict(list)
     rows = []
     for peers in by_config(cells).values():
@@ -645,7 +653,8 @@ def kv_roofline_table(report: Report) -> ReportTable:
                 met[name].append(ok)
                 verdicts.append(f"{name}: {'yes' if ok else 'no'}")
         rows.append((any_cell.kv_bytes, [config_label(any_cell, varying), format_bytes(any_cell.kv_bytes),
-                                         f"{floor_us:.2f}", *(shown(times.get(name)) for name in fused), shown(best),
+                                         f"{floor_us:.2f}", *(shown(times.get(name)) for name in fused),
+                                         *([shown(best)] if two_step else []),
                                          "; ".join(verdicts) if judged else "—"]))
     table.rows = [row for _, row in sorted(rows, key=lambda item: item[0])]
     table.notes.append(f"floor = 2 × accepted KV bytes / copy ceiling {report.ceiling_gbps:.0f} GB/s "

@@ -1,27 +1,30 @@
-"""pack in CUDA (csrc/pack.cu): the published packer (host sync) and the sync-free whole-GPU packer."""
+"""pack in CUDA: the published packer (host sync, csrc/pack.cu) and the sync-free whole-GPU packer `pack_cuda`,
+which launches csrc/pack.cu's drivers for small B and the single-pass scan kernel (`pack_scan`) above."""
 
 from __future__ import annotations
 
 import torch
 
 from sdbench.ops.backends import cuda_ops, cuda_probe, needs_kv
+from sdbench.ops.pack.outputs import pack_outputs
 from sdbench.ops.pack.reference import length_errors
-from sdbench.ops.workload import VerifyWorkload
+from sdbench.ops.workload import VerifyConfig, VerifyWorkload
 from sdbench.registry import BufferedRun, Implementation, Outputs, register
 
+# pack_cuda: csrc/pack.cu up to this B (its replicated driver: every block scans all B lengths, then copies its
+# share; no look-back), the single-pass scan kernel (pack_scan's) above it, and pack.cu's cooperative driver
+# (two grid barriers) again past the scan's SCAN_MAX_BATCH. Before this rule pack.cu ran at every B: its replicated
+# driver scans all B lengths in every block (up to B = 4096), its cooperative driver waits at two grid barriers. The
+# bound is `fused`'s (verify_pack/cuda_impls.py), where the same two drivers and the same scan kernel met;
+# docs/perf-notes.md, "Session 30", times it for pack alone.
+PACK_REPLICATED_MAX_BATCH = 16
 
-def pack_outputs(w: VerifyWorkload, error_flags: bool = True) -> Outputs:
-    """packed_kv sized for the worst case (every draft row accepted), so no launch needs a sync;
-    error_flags only where lengths are given (verify_pack's verified lengths cannot be bad)."""
-    batch, gamma, kv_dim = w.draft_kv.shape
-    out = {
-        "packed_kv": torch.empty((batch * gamma, kv_dim), dtype=w.draft_kv.dtype, device=w.device),
-        "packed_offsets": torch.empty(batch, dtype=torch.int64, device=w.device),
-        "error_flags": torch.empty(batch, dtype=torch.int32, device=w.device),
-    }
-    if not error_flags:
-        del out["error_flags"]
-    return out
+
+def pack_kernel(cfg: VerifyConfig) -> str:
+    """The kernel `pack_cuda` launches for this shape: "pack_cuda" (csrc/pack.cu's drivers) or "pack_scan"."""
+    from sdbench.ops.pack.scan_impls import SCAN_MAX_BATCH
+
+    return "pack_scan" if PACK_REPLICATED_MAX_BATCH < cfg.batch_size <= SCAN_MAX_BATCH else "pack_cuda"
 
 
 def _prepare_pack_naive(w: VerifyWorkload):
@@ -38,6 +41,11 @@ def _prepare_pack_naive(w: VerifyWorkload):
 
 
 def _prepare_pack(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
+    """`pack_cuda`: the kernel for this shape (pack_kernel), chosen from shapes alone."""
+    if pack_kernel(w.config) == "pack_scan":
+        from sdbench.ops.pack.scan_impls import prepare_pack_scan
+
+        return prepare_pack_scan(w, out)
     op = cuda_ops().pack_flagged
     out = dict(out) if out is not None else pack_outputs(w)
     if "error_flags" not in out:  # the API's buffers: the flag is added to what the call returns
@@ -54,5 +62,7 @@ register(Implementation(
 register(Implementation(
     op="pack", name="pack_cuda", backend="cuda", probe=cuda_probe, launches=1, supports=needs_kv, prepare=_prepare_pack,
     writes_into=True,
-    description="sync-free: device-side scan, whole-GPU grid over the accepted bytes, 16-byte vectors",
+    description=f"sync-free, any B: csrc/pack.cu's replicated driver for B <= {PACK_REPLICATED_MAX_BATCH} (every block "
+                "scans the lengths, then copies its share of the accepted bytes in 16-byte vectors), the single-pass "
+                "scan kernel above",
 ))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from sdbench.ops.backends import cuda_ops, cuda_probe, needs_kv
-from sdbench.ops.pack.cuda_impls import pack_outputs
+from sdbench.ops.pack.outputs import pack_outputs
 from sdbench.ops.workload import VerifyConfig, VerifyWorkload
 from sdbench.registry import BufferedRun, Implementation, Outputs, register
 
@@ -56,7 +56,7 @@ def scan_supports(cfg: VerifyConfig) -> str | None:
     return needs_kv(cfg)
 
 
-def _prepare_pack_scan(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
+def prepare_pack_scan(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
     op = cuda_ops().pack_scan
     out = dict(out) if out is not None else pack_outputs(w)
     if "error_flags" not in out:  # the API's buffers: the flags are added to what the call returns
@@ -68,6 +68,6 @@ def _prepare_pack_scan(w: VerifyWorkload, out: Outputs | None = None) -> Buffere
 
 register(Implementation(
     op="pack", name="pack_scan", backend="cuda", probe=cuda_probe, launches=1, writes_into=True, supports=scan_supports,
-    prepare=_prepare_pack_scan,
+    prepare=prepare_pack_scan,
     description="single pass: tiles of sequences or row chunks, decoupled look-back with epoch flags, 16-byte copy",
 ))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from sdbench.ops.backends import cuda_ops, cuda_probe
-from sdbench.ops.pack.cuda_impls import pack_outputs
+from sdbench.ops.pack.outputs import pack_outputs
 from sdbench.ops.pack.scan_impls import scan_supports, stream_scan_state
 from sdbench.ops.verify.cuda_impls import verify_args, verify_outputs
 from sdbench.ops.workload import VerifyWorkload
