@@ -126,7 +126,7 @@ def test_bad_output_shape_is_a_clear_error():
 
 
 # --- sync-free and graph-capturable -------------------------------------------------------------------
-# One small point and one that takes the other kernel or driver (pack_cuda: pack.cu's replicated driver up to B = 16,
+# One small point and one that takes the other kernel or driver (pack_cuda: pack.cu's replicated driver up to B = 128,
 # the scan kernel above; fused: the cooperative driver at large B*gamma; ballot+pack_cuda: pack.cu at any B).
 SYNC_FREE_CASES = [
     ("verify", "naive", VerifyConfig(33, 128, 0.9)),
@@ -203,7 +203,7 @@ def test_graph_replay_on_fresh_inputs(case):
 def test_pack_clamps_and_flags_lengths_outside_0_gamma(batch):
     """Lengths above γ and below 0 are clamped and flagged (sdbench.ops.input_contract), exactly as the reference
     does, by every kernel that packs given lengths: pack.cu's replicated driver (pack_cuda at B = 5), the scan
-    kernel (pack_cuda above B = 16) and pack.cu's cooperative driver (B > 4096), which no registered path reaches
+    kernel (pack_cuda above B = 128) and pack.cu's cooperative driver (B > 4096), which no registered path reaches
     with given lengths below the scan's batch limit, so it is called directly."""
     from sdbench.ops.backends import cuda_ops
     from sdbench.ops.pack.cuda_impls import pack_kernel

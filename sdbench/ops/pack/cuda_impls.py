@@ -12,12 +12,14 @@ from sdbench.ops.workload import VerifyConfig, VerifyWorkload
 from sdbench.registry import BufferedRun, Implementation, Outputs, register
 
 # pack_cuda: csrc/pack.cu up to this B (its replicated driver: every block scans all B lengths, then copies its
-# share; no look-back), the single-pass scan kernel (pack_scan's) above it, and pack.cu's cooperative driver
-# (two grid barriers) again past the scan's SCAN_MAX_BATCH. Before this rule pack.cu ran at every B: its replicated
-# driver scans all B lengths in every block (up to B = 4096), its cooperative driver waits at two grid barriers. The
-# bound is `fused`'s (verify_pack/cuda_impls.py), where the same two drivers and the same scan kernel met;
-# docs/perf-notes.md, "Session 30", times it for pack alone.
-PACK_REPLICATED_MAX_BATCH = 16
+# share; no look-back), the single-pass scan kernel (pack_scan's) above it, and pack.cu's cooperative driver (two
+# grid barriers) again past the scan's SCAN_MAX_BATCH. Before this rule pack.cu ran at every B. Measured on the
+# H100 (session 30, gpu view, cold and warm L2, γ = 8 and 32, kv 128 and 1024): pack.cu was faster at every
+# B <= 128 (scan / pack.cu 1.01-1.20, one tie at 0.99), mixed at 256 (0.89-1.04); in the scale-kv grid's two-step
+# pipelines the scan kernel won 2/3 of the configs at B = 256 and 1024 and all at 4096. The bound is higher than
+# `fused`'s 16 because pack.cu's replicated block only loads and scans the lengths, where fused.cu's re-verifies
+# every sequence (docs/perf-notes.md, "Session 30").
+PACK_REPLICATED_MAX_BATCH = 128
 
 
 def pack_kernel(cfg: VerifyConfig) -> str:

@@ -118,5 +118,5 @@ _cuda(name="fused", launches=1, writes_into=True, supports=needs_kv, prepare=_pr
 _cuda(name="ballot+pack_torch", sync=True, supports=needs_kv, prepare=_prepare_ballot_pack_torch,
       description="ballot kernel, then eager draft_kv[mask] (data-dependent shape: syncs)")
 _cuda(name="ballot+pack_cuda", launches=2, writes_into=True, supports=needs_kv, prepare=_prepare_ballot_pack_cuda,
-      description="ballot kernel, then csrc/pack.cu's packer at any B (the kernel pack_cuda launches up to B = 16): two "
+      description="ballot kernel, then csrc/pack.cu's packer at any B (the kernel pack_cuda launches up to B = 128): two "
                   "launches, no host sync")
