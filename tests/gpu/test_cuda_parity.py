@@ -132,8 +132,8 @@ SYNC_FREE_CASES = [
     ("verify", "naive", VerifyConfig(33, 128, 0.9)),
     ("verify", "ballot", VerifyConfig(33, 128, 0.9)),
     ("verify", "ballot", VerifyConfig(4096, 33, 0.5, token_dtype="int32")),
-    ("pack", "pack_cuda", VerifyConfig(16, 128, 0.9, kv_dim=2048)),
     ("pack", "pack_cuda", VerifyConfig(32, 128, 0.9, kv_dim=2048)),
+    ("pack", "pack_cuda", VerifyConfig(129, 16, 0.9, kv_dim=1024)),  # the scan kernel, right above the bound
     ("pack", "pack_cuda", VerifyConfig(8192, 4, 0.5, kv_dim=120)),
     ("verify_pack", "fused_single_block", VerifyConfig(32, 128, 0.9, kv_dim=128)),
     ("verify_pack", "fused", VerifyConfig(32, 128, 0.9, kv_dim=2048)),
@@ -193,7 +193,7 @@ def test_graph_replay_on_fresh_inputs(case):
     graph.replay()
     torch.cuda.synchronize()
     assert parity.compare(parity.expected_outputs(op, fresh), run.outputs) is None
-    graph.replay()  # replaying again over its own outputs changes nothing (no state kept between launches)
+    graph.replay()  # replaying again over its own outputs changes nothing (the scan kernels' epoch moves on alone)
     torch.cuda.synchronize()
     assert parity.compare(parity.expected_outputs(op, fresh), run.outputs) is None
 
@@ -261,13 +261,14 @@ cases = [
     ("verify", "ballot", VerifyConfig(5, 33, 0.6, token_dtype="int32")),
     ("pack", "pack_cuda_naive", VerifyConfig(5, 33, 0.6, kv_dim=7)),
     ("pack", "pack_cuda", VerifyConfig(5, 33, 0.6, kv_dim=7)),
-    ("pack", "pack_cuda", VerifyConfig(4100, 2, 0.6, kv_dim=3)),
+    ("pack", "pack_cuda", VerifyConfig(4100, 2, 0.6, kv_dim=3)),  # the scan kernel
     ("verify_pack", "fused_single_block", VerifyConfig(5, 33, 0.6, kv_dim=120)),
     ("verify_pack", "fused", VerifyConfig(5, 33, 0.6, kv_dim=7, token_dtype="int32")),
     ("verify_pack", "fused", VerifyConfig(5, 8, 0.6, kv_dim=7, token_dtype="int32")),  # tiny: the single block
     ("verify_pack", "fused", VerifyConfig(33, 1024, 0.9, kv_dim=3)),
     ("verify_pack", "ballot+pack_torch", VerifyConfig(5, 33, 0.6, kv_dim=8)),
     ("verify_pack", "ballot+pack_cuda", VerifyConfig(5, 33, 0.6, kv_dim=120)),
+    ("verify_pack", "ballot+pack_cuda", VerifyConfig(4100, 2, 0.6, kv_dim=3)),  # pack.cu's cooperative driver
     ("prob_verify", "fused", VerifyConfig(3, 4, 0.6, vocab_size=1000)),
     ("prob_verify", "flashspec", VerifyConfig(3, 4, 0.6, vocab_size=1000)),
     ("prob_verify", "serial_sampler", VerifyConfig(3, 4, 0.6, vocab_size=1000)),

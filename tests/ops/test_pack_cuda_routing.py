@@ -47,7 +47,7 @@ def test_pack_cuda_launches_the_kernel_of_its_shape(launched, batch, kernel):
     assert (args[-1] is state) == (kernel == "pack_scan"), "the scan kernel gets the stream's state"
 
 
-@pytest.mark.parametrize("batch", [4, 64])
+@pytest.mark.parametrize("batch", [4, 300])  # pack.cu, the scan kernel
 def test_pack_cuda_takes_the_callers_buffers_and_adds_the_flags(launched, batch):
     """The API's buffers hold packed_kv and packed_offsets; the error flags are added to what the call returns."""
     calls, _ = launched
@@ -61,7 +61,12 @@ def test_pack_cuda_takes_the_callers_buffers_and_adds_the_flags(launched, batch)
 
 def test_past_the_scans_batch_limit_pack_cuda_uses_its_own_kernel(launched, monkeypatch):
     calls, _ = launched
-    monkeypatch.setattr(scan_impls, "SCAN_MAX_BATCH", 40)
-    workload = make_workload("pack", VerifyConfig(41, 8, 0.5, kv_dim=16), "cpu")
+    above = cuda_impls.PACK_REPLICATED_MAX_BATCH + 2
+    monkeypatch.setattr(scan_impls, "SCAN_MAX_BATCH", above - 1)
+    workload = make_workload("pack", VerifyConfig(above, 8, 0.5, kv_dim=16), "cpu")
     registry.get("pack", "pack_cuda").prepare(workload)()
     assert [name for name, _ in calls] == ["pack_cuda"]
+    calls.clear()
+    workload = make_workload("pack", VerifyConfig(above - 1, 8, 0.5, kv_dim=16), "cpu")  # the scan's last B
+    registry.get("pack", "pack_cuda").prepare(workload)()
+    assert [name for name, _ in calls] == ["pack_scan"]

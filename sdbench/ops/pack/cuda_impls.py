@@ -14,8 +14,9 @@ from sdbench.registry import BufferedRun, Implementation, Outputs, register
 # pack_cuda: csrc/pack.cu up to this B (its replicated driver: every block scans all B lengths, then copies its
 # share; no look-back), the single-pass scan kernel (pack_scan's) above it, and pack.cu's cooperative driver (two
 # grid barriers) again past the scan's SCAN_MAX_BATCH. Before this rule pack.cu ran at every B. Measured on the
-# H100 (session 30, gpu view, cold and warm L2, γ = 8 and 32, kv 128 and 1024): pack.cu was faster at every
-# B <= 128 (scan / pack.cu 1.01-1.20, one tie at 0.99), mixed at 256 (0.89-1.04); in the scale-kv grid's two-step
+# H100 (session 30, gpu view, cold and warm L2, γ = 8 and 32, kv 128 and 1024; docs/results/nvidia-h100-80gb-hbm3/
+# scale-pack/bound.txt): pack.cu was faster at 41 of 42 states with B <= 128 (scan / pack.cu 1.01-1.20, the other
+# 0.99), mixed at 256 (0.89-1.04); in the scale-kv grid's two-step
 # pipelines the scan kernel won 2/3 of the configs at B = 256 and 1024 and all at 4096. The bound is higher than
 # `fused`'s 16 because pack.cu's replicated block only loads and scans the lengths, where fused.cu's re-verifies
 # every sequence (docs/perf-notes.md, "Session 30").
@@ -66,5 +67,5 @@ register(Implementation(
     writes_into=True,
     description=f"sync-free, any B: csrc/pack.cu's replicated driver for B <= {PACK_REPLICATED_MAX_BATCH} (every block "
                 "scans the lengths, then copies its share of the accepted bytes in 16-byte vectors), the single-pass "
-                "scan kernel above",
+                "scan kernel above, pack.cu's cooperative driver past the scan's batch limit",
 ))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sdbench.ops.backends import cuda_ops, cuda_probe, needs_kv
+from sdbench.ops.pack.cuda_impls import PACK_REPLICATED_MAX_BATCH
 from sdbench.ops.pack.outputs import pack_outputs
 from sdbench.ops.verify.cuda_impls import verify_args, verify_outputs
 from sdbench.ops.workload import VerifyConfig, VerifyWorkload
@@ -118,5 +119,5 @@ _cuda(name="fused", launches=1, writes_into=True, supports=needs_kv, prepare=_pr
 _cuda(name="ballot+pack_torch", sync=True, supports=needs_kv, prepare=_prepare_ballot_pack_torch,
       description="ballot kernel, then eager draft_kv[mask] (data-dependent shape: syncs)")
 _cuda(name="ballot+pack_cuda", launches=2, writes_into=True, supports=needs_kv, prepare=_prepare_ballot_pack_cuda,
-      description="ballot kernel, then csrc/pack.cu's packer at any B (the kernel pack_cuda launches up to B = 128): two "
-                  "launches, no host sync")
+      description=f"ballot kernel, then csrc/pack.cu's packer at any B (the kernel pack_cuda launches up to B = "
+                  f"{PACK_REPLICATED_MAX_BATCH}): two launches, no host sync")
