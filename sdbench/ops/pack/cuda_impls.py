@@ -3,10 +3,8 @@ which launches csrc/pack.cu's drivers for small B and the single-pass scan kerne
 
 from __future__ import annotations
 
-import torch
-
 from sdbench.ops.backends import cuda_ops, cuda_probe, needs_kv
-from sdbench.ops.pack.outputs import pack_outputs
+from sdbench.ops.pack.outputs import given_length_outputs
 from sdbench.ops.pack.reference import length_errors
 from sdbench.ops.workload import VerifyConfig, VerifyWorkload
 from sdbench.registry import BufferedRun, Implementation, Outputs, register
@@ -50,9 +48,7 @@ def _prepare_pack(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
 
         return prepare_pack_scan(w, out)
     op = cuda_ops().pack_flagged
-    out = dict(out) if out is not None else pack_outputs(w)
-    if "error_flags" not in out:  # the API's buffers: the flag is added to what the call returns
-        out["error_flags"] = torch.empty(w.draft_kv.shape[0], dtype=torch.int32, device=w.device)
+    out = given_length_outputs(w, out)
     args = (w.draft_kv, w.accepted_lengths, out["packed_kv"], out["packed_offsets"], out["error_flags"])
     return BufferedRun(lambda: op(*args), out)
 

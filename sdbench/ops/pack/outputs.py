@@ -20,3 +20,12 @@ def pack_outputs(w: VerifyWorkload, error_flags: bool = True) -> Outputs:
     if not error_flags:
         del out["error_flags"]
     return out
+
+
+def given_length_outputs(w: VerifyWorkload, out: Outputs | None) -> Outputs:
+    """A packer of given lengths writes error flags: the caller's buffers (the API's hold packed_kv and
+    packed_offsets only; the flags are added to what the call returns), else pack_outputs."""
+    out = dict(out) if out is not None else pack_outputs(w)
+    if "error_flags" not in out:
+        out["error_flags"] = torch.empty(w.draft_kv.shape[0], dtype=torch.int32, device=w.device)
+    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from sdbench.ops.backends import cuda_ops, cuda_probe, needs_kv
-from sdbench.ops.pack.outputs import pack_outputs
+from sdbench.ops.pack.outputs import given_length_outputs
 from sdbench.ops.workload import VerifyConfig, VerifyWorkload
 from sdbench.registry import BufferedRun, Implementation, Outputs, register
 
@@ -58,9 +58,7 @@ def scan_supports(cfg: VerifyConfig) -> str | None:
 
 def prepare_pack_scan(w: VerifyWorkload, out: Outputs | None = None) -> BufferedRun:
     op = cuda_ops().pack_scan
-    out = dict(out) if out is not None else pack_outputs(w)
-    if "error_flags" not in out:  # the API's buffers: the flags are added to what the call returns
-        out["error_flags"] = torch.empty(w.draft_kv.shape[0], dtype=torch.int32, device=w.device)
+    out = given_length_outputs(w, out)
     args = (w.draft_kv, w.accepted_lengths, out["packed_kv"], out["packed_offsets"], out["error_flags"],
             stream_scan_state(w.device))
     return BufferedRun(lambda: op(*args), out)
