@@ -1,9 +1,11 @@
 // Where a block of the single-pass verify-and-pack kernel (csrc/verify_pack_scan.cu) spends its time.
 //
-//   make scan-timeline && build/scan_timeline 16384:4:0.3:128,32:8:0.3:4096 default,g256 21
+//   make scan-timeline && build/scan_timeline 16384:4:0.3:128,32:8:0.3:4096 default,g256,pack,pack:g256 21
 //
 // A point is batch:γ:α:kv_dim (fp16 KV, int64 tokens, k ~ Binomial(γ, α), as the scale-kv grid); a variant is
-// `default` or one tile-rule knob (g<groups>, m<KiB>, w<waves>, t<KiB>, l<KiB>: ScanTiling, see scan_tiles.py). Each
+// `default` or one tile-rule knob (g<groups>, m<KiB>, w<waves>, t<KiB>, l<KiB>: ScanTiling, see scan_tiles.py), timing
+// `fused`'s launch; `pack` or `pack:<knob>` times the same kernel as `pack_scan` launches it (the lengths given, so
+// "verdict" is reading them). Each
 // point runs cold (a 512 MiB reading flush before every launch), with only its code warm (the flush, then a
 // one-sequence launch that brings the kernel's instructions back into L2) and warm, `reps` timed launches
 // each, and prints medians over launches of:
@@ -86,12 +88,16 @@ struct Buffers {  // one verify_pack workload on the device
   bool* mismatch = nullptr;
   char *kv = nullptr, *packed = nullptr;
   int64_t* state = nullptr;
-  Buffers(int64_t b, int64_t g, int64_t row_bytes, const std::vector<int64_t>& d, const std::vector<int64_t>& t) {
+  int32_t* flags = nullptr;
+  Buffers(int64_t b, int64_t g, int64_t row_bytes, const std::vector<int64_t>& d, const std::vector<int64_t>& t,
+          const std::vector<int64_t>& k) {
     CHECK(cudaMalloc(&draft, b * g * 8));
     CHECK(cudaMalloc(&target, b * (g + 1) * 8));
     CHECK(cudaMemcpy(draft, d.data(), b * g * 8, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(target, t.data(), b * (g + 1) * 8, cudaMemcpyHostToDevice));
     CHECK(cudaMalloc(&lengths, b * 8));
+    CHECK(cudaMemcpy(lengths, k.data(), b * 8, cudaMemcpyHostToDevice));  // pack's given lengths (fused overwrites)
+    CHECK(cudaMalloc(&flags, b * 4));
     CHECK(cudaMalloc(&next, b * 8));
     CHECK(cudaMalloc(&offsets, b * 8));
     CHECK(cudaMalloc(&mismatch, b));
@@ -104,13 +110,19 @@ struct Buffers {  // one verify_pack workload on the device
   ~Buffers() {
     for (void* p : {static_cast<void*>(draft), static_cast<void*>(target), static_cast<void*>(lengths),
                     static_cast<void*>(next), static_cast<void*>(offsets), static_cast<void*>(mismatch),
-                    static_cast<void*>(kv), static_cast<void*>(packed), static_cast<void*>(state)}) {
+                    static_cast<void*>(kv), static_cast<void*>(packed), static_cast<void*>(state),
+                    static_cast<void*>(flags)}) {
       cudaFree(p);
     }
   }
-  void launch(int64_t b, int64_t g, int64_t row_bytes, ScanTiling tiling) const {
-    CHECK(launch_fused_scan(TokenType::kInt64, draft, target, kv, lengths, mismatch, next, packed, offsets, b, g,
-                            row_bytes, state, tiling, 0));
+  // pack: the same kernel on given lengths (pack_scan), which reads k instead of verifying
+  void launch(int64_t b, int64_t g, int64_t row_bytes, ScanTiling tiling, bool pack) const {
+    if (pack) {
+      CHECK(launch_pack_scan(kv, lengths, packed, offsets, flags, b, g, row_bytes, state, tiling, 0));
+    } else {
+      CHECK(launch_fused_scan(TokenType::kInt64, draft, target, kv, lengths, mismatch, next, packed, offsets, b, g,
+                              row_bytes, state, tiling, 0));
+    }
   }
 };
 
@@ -145,16 +157,19 @@ int main(int argc, char** argv) {
     const int64_t row_bytes = kv_dim * 2;
     std::mt19937_64 rng(1234);
     std::binomial_distribution<int> accepted_of(static_cast<int>(g), alpha);
-    std::vector<int64_t> draft(b * g), target(b * (g + 1));
+    std::vector<int64_t> draft(b * g), target(b * (g + 1)), lengths(b);
     for (int64_t i = 0; i < b; ++i) {
       const int k = accepted_of(rng);
+      lengths[i] = k;
       for (int64_t j = 0; j < g; ++j) draft[i * g + j] = 1000 + j;
       for (int64_t j = 0; j <= g; ++j) target[i * (g + 1) + j] = j < k ? 1000 + j : 7;
     }
-    const Buffers work(b, g, row_bytes, draft, target);
-    const Buffers one(1, g, row_bytes, draft, target);  // brings the code back into L2 after a flush
+    const Buffers work(b, g, row_bytes, draft, target, lengths);
+    const Buffers one(1, g, row_bytes, draft, target, lengths);  // brings the code back into L2 after a flush
     for (const std::string& variant : variants) {
-      const ScanTiling tiling = tiling_of(variant);
+      // `pack` or `pack:<knob>`: pack_scan's launch (given lengths); otherwise fused's
+      const bool pack = variant.rfind("pack", 0) == 0;
+      const ScanTiling tiling = tiling_of(pack ? (variant.size() > 5 ? variant.substr(5) : "default") : variant);
       const scan::TileShape shape = scan::tile_shape(b, g, row_bytes, scan::multiprocessor_count(), tiling);
       const int64_t grid = (b + shape.seqs_per_tile - 1) / shape.seqs_per_tile * shape.chunks_per_seq;
       const int64_t marked = std::min<int64_t>(grid, scan::kTimelineBlocks);
@@ -164,8 +179,8 @@ int main(int argc, char** argv) {
         for (int r = 0; r < reps + 2; ++r) {  // two untimed launches first
           CHECK(cudaMemset(timeline, 0, marked * kSlots * 8));
           if (l2 != "warm") flush_read<<<1056, 512>>>(flush, flush_bytes / 16, sink);
-          if (l2 == "code") one.launch(1, g, row_bytes, tiling);
-          work.launch(b, g, row_bytes, tiling);
+          if (l2 == "code") one.launch(1, g, row_bytes, tiling, pack);
+          work.launch(b, g, row_bytes, tiling, pack);
           CHECK(cudaDeviceSynchronize());
           if (r < 2) continue;
           std::vector<unsigned long long> t(marked * kSlots);
