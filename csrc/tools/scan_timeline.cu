@@ -13,9 +13,9 @@
 //   last*     when the last block started, had its verdict, had its prefix (µs from the first entry)
 //   verdict, scan, pre-look-back, first window, look-back, copy
 //             a block's phases (median block, SM clock): entry to verdict; verdict to the aggregate's publish
-//             (the block scan of the tile's lengths); verdict to entering the look-back (the scan, publishing,
-//             the source tables, issuing the first KV loads); entry to the first window all
-//             published; verdict to prefix; prefix to the last store issued
+//             (the block scan of the tile's lengths, until the store is issued); verdict to entering the
+//             look-back (the scan, publishing, the source tables, issuing the first KV loads); the look-back's
+//             start to its first window all published; verdict to prefix; prefix to the last store issued
 //   polls     reads of a status word not yet published (median block, 90th percentile)
 // It times the kernel with its marks compiled in (a store per mark by one thread), not the extension's
 // build: `python -m sdbench.commands.scan_tiles` gives the GPU time. Outputs are not checked here;
@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   printf("%s; µs, medians over %d launches\n", prop.name, reps);
-  printf("%-20s %-8s %-4s %5s | %6s %6s %6s %6s | %7s %7s %7s %7s %7s %6s | %s\n", "point", "variant", "L2", "grid",
+  printf("%-20s %-10s %-4s %5s | %6s %6s %6s %6s | %7s %7s %7s %7s %7s %6s | %s\n", "point", "variant", "L2", "grid",
          "span", "last", "lastv", "lastp", "verdict", "scan", "pre-lb", "window1", "lookbk", "copy", "polls 50/90");
   for (const std::string& point : points) {
     long long b = 0, g = 0, kv_dim = 0;
@@ -169,8 +169,8 @@ int main(int argc, char** argv) {
     const Buffers one(1, g, row_bytes, draft, target, lengths);  // brings the code back into L2 after a flush
     for (const std::string& variant : variants) {
       // `pack` or `pack:<knob>`: pack_scan's launch (given lengths); otherwise fused's
-      const bool pack = variant.rfind("pack", 0) == 0;
-      const ScanTiling tiling = tiling_of(pack ? (variant.size() > 5 ? variant.substr(5) : "default") : variant);
+      const bool pack = variant == "pack" || variant.rfind("pack:", 0) == 0;
+      const ScanTiling tiling = tiling_of(pack ? (variant == "pack" ? "default" : variant.substr(5)) : variant);
       const scan::TileShape shape = scan::tile_shape(b, g, row_bytes, scan::multiprocessor_count(), tiling);
       const int64_t grid = (b + shape.seqs_per_tile - 1) / shape.seqs_per_tile * shape.chunks_per_seq;
       const int64_t marked = std::min<int64_t>(grid, scan::kTimelineBlocks);
@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
           polls.push_back(median(block_polls));
           polls90.push_back(quantile(block_polls, 0.9));
         }
-        printf("%-20s %-8s %-4s %5lld | %6.2f %6.2f %6.2f %6.2f | %7.3f %7.3f %7.3f %7.3f %7.3f %6.3f | %.0f / %.0f\n",
+        printf("%-20s %-10s %-4s %5lld | %6.2f %6.2f %6.2f %6.2f | %7.3f %7.3f %7.3f %7.3f %7.3f %6.3f | %.0f / %.0f\n",
                point.c_str(), variant.c_str(), l2.c_str(), static_cast<long long>(grid), median(span), median(last_start),
                median(last_verdict), median(last_prefix), median(verdict), median(scanned), median(pre), median(window),
                median(look_back), median(copy), median(polls), median(polls90));
