@@ -251,9 +251,9 @@ __device__ void block_inclusive_scan(int* data, int count, int* s_warp_totals) {
 // look-back and after its last store is issued; 4 its SM; 5 and 6 the global timer (ns) at the first and
 // last marks (it aligns blocks; the SM clock times the phases); 7 the SM clock when the look-back's first
 // window was all published; 8 the block's polls that found a word not yet published; 9 the SM clock when
-// the look-back started; 10 the SM clock after the tile's block scan, when its aggregate's store is issued.
+// the look-back started.
 #ifdef SDBENCH_SCAN_TIMELINE
-constexpr int kTimelineBlocks = 1 << 16, kTimelineSlots = 11;
+constexpr int kTimelineBlocks = 1 << 16, kTimelineSlots = 10;
 __device__ unsigned long long g_scan_timeline[kTimelineBlocks * kTimelineSlots];
 __device__ __forceinline__ void timeline_clock(int slot) {
   if (threadIdx.x == 0 && blockIdx.x < kTimelineBlocks) g_scan_timeline[blockIdx.x * kTimelineSlots + slot] = clock64();
@@ -511,7 +511,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     store_relaxed(status + group, pack_status(epoch, group == 0 ? kInclusive : kAggregate,
                                               static_cast<unsigned>(tile_rows)));
   }
-  timeline_clock(10);
 
   const int64_t accepted_bytes = tile_rows * shape.row_bytes;
   int64_t source_chunk = 0, tile_bytes = accepted_bytes;

@@ -11,11 +11,10 @@
 // each, and prints medians over launches of:
 //   span      first block's entry to the last block's last store issued (global timer, µs)
 //   last*     when the last block started, had its verdict, had its prefix (µs from the first entry)
-//   verdict, scan, pre-look-back, first window, look-back, copy
-//             a block's phases (median block, SM clock): entry to verdict; verdict to the aggregate's publish
-//             (the block scan of the tile's lengths, until the store is issued); verdict to entering the
-//             look-back (the scan, publishing, the source tables, issuing the first KV loads); the look-back's
-//             start to its first window all published; verdict to prefix; prefix to the last store issued
+//   verdict, pre-look-back, first window, look-back, copy
+//             a block's phases (median block, SM clock): entry to verdict; verdict to entering the look-back
+//             (the block scan, publishing, the source tables, issuing the first KV loads); the look-back's start
+//             to its first window all published; verdict to prefix; prefix to the last store issued
 //   polls     reads of a status word not yet published (median block, 90th percentile)
 // It times the kernel with its marks compiled in (a store per mark by one thread), not the extension's
 // build: `python -m sdbench.commands.scan_tiles` gives the GPU time. Outputs are not checked here;
@@ -146,8 +145,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   printf("%s; µs, medians over %d launches\n", prop.name, reps);
-  printf("%-20s %-10s %-4s %5s | %6s %6s %6s %6s | %7s %7s %7s %7s %7s %6s | %s\n", "point", "variant", "L2", "grid",
-         "span", "last", "lastv", "lastp", "verdict", "scan", "pre-lb", "window1", "lookbk", "copy", "polls 50/90");
+  printf("%-20s %-10s %-4s %5s | %6s %6s %6s %6s | %7s %7s %7s %7s %6s | %s\n", "point", "variant", "L2", "grid",
+         "span", "last", "lastv", "lastp", "verdict", "pre-lb", "window1", "lookbk", "copy", "polls 50/90");
   for (const std::string& point : points) {
     long long b = 0, g = 0, kv_dim = 0;
     double alpha = 0;
@@ -175,7 +174,7 @@ int main(int argc, char** argv) {
       const int64_t grid = (b + shape.seqs_per_tile - 1) / shape.seqs_per_tile * shape.chunks_per_seq;
       const int64_t marked = std::min<int64_t>(grid, scan::kTimelineBlocks);
       for (const std::string l2 : {"cold", "code", "warm"}) {
-        std::vector<double> span, last_start, last_verdict, last_prefix, verdict, scanned, pre, window, look_back, copy, polls,
+        std::vector<double> span, last_start, last_verdict, last_prefix, verdict, pre, window, look_back, copy, polls,
             polls90;
         for (int r = 0; r < reps + 2; ++r) {  // two untimed launches first
           CHECK(cudaMemset(timeline, 0, marked * kSlots * 8));
@@ -210,7 +209,6 @@ int main(int argc, char** argv) {
             prefixes = std::max(prefixes, entry + (s[2] - s[0]) * ns);
             look_back.push_back((s[2] - s[1]) * ns);
             if (s[9] != 0) pre.push_back((s[9] - s[1]) * ns);
-            if (s[10] != 0) scanned.push_back((s[10] - s[1]) * ns);
             if (s[7] != 0 && s[9] != 0) window.push_back((s[7] - s[9]) * ns);
             block_polls.push_back(static_cast<double>(s[8]));
             copy.push_back((s[3] - s[2]) * ns);
@@ -223,9 +221,9 @@ int main(int argc, char** argv) {
           polls.push_back(median(block_polls));
           polls90.push_back(quantile(block_polls, 0.9));
         }
-        printf("%-20s %-10s %-4s %5lld | %6.2f %6.2f %6.2f %6.2f | %7.3f %7.3f %7.3f %7.3f %7.3f %6.3f | %.0f / %.0f\n",
+        printf("%-20s %-10s %-4s %5lld | %6.2f %6.2f %6.2f %6.2f | %7.3f %7.3f %7.3f %7.3f %6.3f | %.0f / %.0f\n",
                point.c_str(), variant.c_str(), l2.c_str(), static_cast<long long>(grid), median(span), median(last_start),
-               median(last_verdict), median(last_prefix), median(verdict), median(scanned), median(pre), median(window),
+               median(last_verdict), median(last_prefix), median(verdict), median(pre), median(window),
                median(look_back), median(copy), median(polls), median(polls90));
         fflush(stdout);
       }
