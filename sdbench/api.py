@@ -409,9 +409,9 @@ def pack(draft_kv: torch.Tensor, accepted_lengths: torch.Tensor, *, impl: str = 
          out: Outputs | None = None) -> Outputs:
     """Compact accepted KV rows: packed_kv [B·γ, kv_dim] (first Σ k_i rows valid), packed_offsets [B].
 
-    pack_cuda above PACK_REPLICATED_MAX_BATCH sequences (ops/pack/cuda_impls) runs the single-pass scan kernel, whose flags live in a state per CUDA stream
-    (ops/pack/scan_impls.stream_scan_state): calls on one stream run in order; calls that may overlap need
-    different streams."""
+    Above PACK_REPLICATED_MAX_BATCH sequences (ops/pack/cuda_impls), pack_cuda runs the single-pass scan kernel,
+    whose flags live in a state per CUDA stream (ops/pack/scan_impls.stream_scan_state): calls on one stream run
+    in order; calls that may overlap need different streams."""
     _check_kv(draft_kv, None, None, None, allow_float32=_require_tensor("draft_kv", draft_kv).device.type == "cpu")
     batch, gamma, kv_dim = draft_kv.shape
     device = draft_kv.device
