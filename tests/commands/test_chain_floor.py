@@ -1,0 +1,85 @@
+"""The chain-floor tool (sdbench/commands/chain_floor.py, csrc/tools/chain_floor.cu): its parsers, bars and the torch
+pick its race floor is checked against, here; the floor kernels themselves against the references in
+tests/gpu/test_chain_floor_gpu.py."""
+
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sdbench import ext
+from sdbench.commands import chain_floor
+from sdbench.errors import SdbenchError
+from sdbench.ops.prob_verify_logits.workload import LogitsConfig
+from sdbench.ops.workload import VerifyConfig
+
+
+@pytest.mark.skipif(ext.nvcc_path() is None and shutil.which("nvcc") is None, reason="nvcc not found")
+def test_the_floor_kernels_compile_without_spills():
+    [result] = ext.compile_sources("sm_90", paths=[chain_floor.SOURCE])
+    assert result.returncode == 0, ext.trim_build_error(result.output)
+    kernels = ext.parse_ptxas(result.output, result.source)
+    names = {kernel["kernel"].split("<")[0].rsplit("::", 1)[-1] for kernel in kernels}
+    assert {"copy_kernel", "gather_kernel", "rows_max_kernel", "race_kernel"} <= names, names
+    assert not [k for k in kernels if k["spill_store_bytes"] or k["spill_load_bytes"] or k["stack_bytes"]]
+
+
+def test_points_parse_to_the_grids_workloads():
+    assert chain_floor.parse_kv("16384:4:0.3:128,1:8:0.9:64") == [
+        VerifyConfig(batch_size=16384, gamma=4, alpha=0.3, kv_dim=128), VerifyConfig(1, 8, 0.9, kv_dim=64)]
+    assert chain_floor.parse_logits("32:4:32000:bf16,1:16:128256:fp32") == [
+        LogitsConfig(32, 4, 32000, "bfloat16"), LogitsConfig(1, 16, 128256, "float32")]
+    with pytest.raises(SdbenchError, match="bf16 or fp32"):
+        chain_floor.parse_logits("32:4:32000:fp16")
+
+
+def test_rows_and_slabs_must_be_powers_of_two():
+    assert chain_floor.log2_exact(1, "x") == 0 and chain_floor.log2_exact(512, "x") == 9
+    for bad in (0, 3, 96):
+        with pytest.raises(SdbenchError, match="power of two"):
+            chain_floor.log2_exact(bad, "x")
+
+
+def test_the_bars_are_the_issues():
+    # #17: 5.03 MB accepted at 2844.1 GB/s is the report's 3.54 µs floor (scale-kv report, b=16384 γ=4 α=0.3 kv=128)
+    floor, bar = chain_floor.kv_bar_us(5_030_000, 2844.1)
+    assert floor == pytest.approx(3.537, abs=1e-3) and bar == pytest.approx(1.3 * floor + 2)
+    # #18: b=32, γ=4, V=32000 bf16 is 18.43 MB of logits; at 2.931 TB/s that is session 31's 6.29 µs floor
+    floor, bar = chain_floor.logits_bar_us(LogitsConfig(32, 4, 32000, "bfloat16"), 2.931)
+    assert floor == pytest.approx(6.288, abs=1e-3) and bar == pytest.approx(1.3 * floor + 3)
+
+
+def test_the_fastest_launch_shape_is_the_floor():
+    medians = {"copy[1]": 5.0, "copy[4]": 4.5, "gather[2]": 6.0, "fused": 3.0}
+    assert chain_floor.best_of(medians, "copy") == ("copy[4]", 4.5)
+    assert chain_floor.best_of(medians, "speculative") is None
+
+
+def picks_by_loops(target: torch.Tensor, draft: torch.Tensor) -> list[int]:
+    """The race floor's rule, one sequence and one row at a time."""
+    gamma = draft.shape[1]
+    picks = []
+    for b in range(target.shape[0]):
+        k = next((j for j in range(gamma) if float(target[b, j].float().max()) < float(draft[b, j].float().max())),
+                 gamma)
+        values = target[b, k].float() - (draft[b, k].float() if k < gamma else 0)
+        best = max(range(values.numel()), key=lambda i: (float(values[i]), -i))
+        picks.append(best)
+    return picks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_race_floors_expected_pick_is_the_rule(dtype):
+    gen = torch.Generator().manual_seed(3)
+    target = torch.randn((6, 4, 257), generator=gen)
+    # draft rows below the target's maximum pass the floor's test, rows above it stop the sequence: sequence 0
+    # passes every row (k = γ, the bonus row alone), the others stop at j = b % 3
+    scale = torch.full((6, 3, 1), 0.5)
+    for b in range(1, 6):
+        scale[b, b % 3] = 2.0
+    draft = target[:, :3] * scale + 0.01 * torch.randn((6, 3, 257), generator=gen)
+    workload = SimpleNamespace(target_logits=target.to(dtype), draft_logits=draft.to(dtype))
+    want = picks_by_loops(workload.target_logits, workload.draft_logits)
+    assert chain_floor.expected_picks(workload).tolist() == want
+    assert want[0] == int(target[0, 3].to(dtype).float().argmax())  # the bonus row's own argmax
