@@ -17,6 +17,8 @@
 - `ptxas_report()`: registers, shared memory, stack and spills per kernel. torch's build discards ptxas
   output on success and compiles nothing on a cache hit, so the report compiles each .cu with nvcc
   itself (cached by the hash of the sources, flags, arch and nvcc version).
+- `tool_library()`: a csrc/tools/ source as a shared library for a tool that calls its kernels through ctypes
+  (the chain floors), cached the same way; never part of the extension.
 """
 
 from __future__ import annotations
@@ -347,3 +349,31 @@ def ptxas_report(arch: str | None = None) -> list[dict]:
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     cache_file.write_text(json.dumps(records, indent=1))
     return records
+
+
+TOOL_NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
+
+
+def tool_library(source: Path, arch: str | None = None) -> Path:
+    """A csrc/tools/ source as a shared library (nvcc alone, no torch headers; its kernels are called through
+    ctypes), built once per source, flags, arch and nvcc version under cache_root(). Concurrent builds (xdist
+    workers) each write their own scratch file and rename it into place, so none loads a half-written library.
+    Raises SdbenchError when nvcc is missing or the source does not compile."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise SdbenchError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
+    arch = arch_flag(arch or arch_list() or "sm_90")
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256(f"{version}|{arch}|{TOOL_NVCC_FLAGS}|".encode() + source.read_bytes()).hexdigest()[:16]
+    path = cache_root() / f"{source.stem}-{digest}.so"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f"{path.stem}.{os.getpid()}.tmp.so")
+    done = subprocess.run([nvcc, f"-arch={arch}", *TOOL_NVCC_FLAGS, str(source), "-o", str(scratch)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        scratch.unlink(missing_ok=True)
+        raise SdbenchError(f"building {source.name} failed:\n{trim_build_error(done.stdout + done.stderr)}")
+    os.replace(scratch, path)
+    return path

@@ -1,24 +1,24 @@
-// Chain floors: kernels that do strictly less than any correct kernel of a design class, so their GPU time at a
-// point bounds that class from below there (issues #17 and #18; docs/perf-notes.md, "Session 32").
-// Built as a shared library by sdbench/commands/chain_floor.py (nvcc only, called through ctypes); never part
-// of the extension. Every kernel moves 16-byte units; each thread issues all of its loads before any store.
+// Chain floors: kernels that do strictly less than a correct kernel of a design class (issues #17 and #18;
+// docs/perf-notes.md, "Session 32"). Their GPU time, the best over the launch shapes tried, is an empirical floor for
+// designs of that shape: a design that does more work the same way takes longer. Built as a shared library by
+// sdbench/commands/chain_floor.py (ext.tool_library, nvcc only, called through ctypes); never part of the extension.
+// Every kernel moves 16-byte units; each thread issues all of its loads before any store.
 //
 // #17, verify-and-pack's accepted KV (draft_kv [B, gamma, row], rows of 2^n units, k_i given):
 //   copy         the accepted bytes as one contiguous run: no lengths, no verdict, no prefix. An oracle's floor.
 //   gather       reads k_i and the exclusive prefix off_i (given, one 16-byte pair a sequence), then loads the
-//                accepted rows and stores them at off_i. The chain of every design that reads a row only once
-//                it knows the row is accepted, less the verification and the prefix (tokens -> ballot, look-back).
-//   speculative  loads every drafted row while k_i and off_i load, then stores the accepted ones: the chain of
-//                every design that reads rows before it knows their verdict, less the same work, with the bytes
-//                of every drafted row.
+//                accepted rows and stores them at off_i: the chain of a design that reads a row only once it knows
+//                the row is accepted, without the tokens, the verification and the prefix (ballot, look-back).
+//   speculative  loads every drafted row while k_i and off_i load, then stores the accepted ones: the chain of a
+//                design that reads rows before their verdict, with the bytes of every drafted row, without the same.
 // #18, verification from logits (target [B, gamma+1, V], draft [B, gamma, V], bf16 or fp32):
 //   rows_max     pass 1: every row read once, its maximum per split written (no exp, no sums, no accept test);
 //   race         launched with programmatic dependent launch behind rows_max: waits for it, picks a row k per
 //                sequence from the maxima (the first j < gamma whose target maximum is below the draft's, else
 //                gamma), reads target row k and draft row k (where k < gamma) again and returns
 //                argmax(target - draft) (argmax(target) at k = gamma) by one 64-bit atomicMax per block.
-//                Any two-pass design reads row k twice and decides k from pass 1's results the same way; it
-//                also computes normalisers, keys and draws, which this does not.
+//   Both read every row of every request. fused_logits reads fewer where requests are greedy (no draft rows in
+//   pass 1, no race), so on a batch with greedy requests these two are not a floor for it.
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -30,6 +30,8 @@ namespace {
 constexpr int kThreads = 256;
 
 // ---- #17 ------------------------------------------------------------------------------------------------
+// Grid: ceil(units / (kThreads * kUnits)) blocks; thread t copies units t + u * (grid threads). Registers only
+// (kUnits 16-byte words a thread), no shared memory.
 template <int kUnits>
 __global__ void __launch_bounds__(kThreads) copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
                                                         int64_t units) {
@@ -45,7 +47,8 @@ __global__ void __launch_bounds__(kThreads) copy_kernel(const uint4* __restrict_
   }
 }
 
-// Thread t handles drafted units t + u * stride (u < kUnits): consecutive threads, consecutive units.
+// Grid: ceil(drafted units / (kThreads * kUnits)) blocks; thread t handles drafted units t + u * (grid threads):
+// consecutive threads, consecutive units. Registers only (a (k, off) pair and a 16-byte word a unit), no shared memory.
 template <int kUnits, bool kSpeculative>
 __global__ void __launch_bounds__(kThreads) gather_kernel(const uint4* __restrict__ draft_kv,
                                                           const longlong2* __restrict__ length_offset,
@@ -111,8 +114,9 @@ __device__ __forceinline__ float block_max(float value, float* s_warp) {
   return value;
 }
 
-// Block (split, row): the maximum of units [split, split + 1) * kThreads * kUnits of row `row` (target rows
-// first, then draft rows). Block (0, seq) also zeroes the race's pick of sequence seq.
+// Grid (splits, rows), rows = B (2 gamma + 1) <= 65535: block (split, row) takes the maximum of units
+// [split, split + 1) * kThreads * kUnits of row `row` (target rows first, then draft rows), kUnits a thread, and a
+// block reduction through 32 bytes of shared memory. Block (0, seq) also zeroes the race's pick of sequence seq.
 template <typename T, int kUnits>
 __global__ void __launch_bounds__(kThreads) rows_max_kernel(const uint4* __restrict__ target,
                                                             const uint4* __restrict__ draft, float* partials,
@@ -150,7 +154,9 @@ __device__ __forceinline__ unsigned ordered_bits(float value) {  // unsigned ord
   return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
 }
 
-// Block (chunk, seq). gamma <= 32. The pick: ordered(value) << 32 | ~index, so the smallest index wins a tie.
+// Grid (chunks of kThreads * kUnits units of a row, B), gamma <= 32: warp 0 decides k from the row maxima, every
+// thread reads kUnits units of target row k and draft row k, and the block's best key (ordered(value) << 32 | ~index,
+// so the smallest index wins a tie) goes to one atomicMax. Shared memory: k and 8 keys (68 bytes).
 template <typename T, int kUnits>
 __global__ void __launch_bounds__(kThreads) race_kernel(const uint4* __restrict__ target,
                                                         const uint4* __restrict__ draft, const float* partials,
@@ -220,6 +226,7 @@ int64_t blocks_for(int64_t units, int per_thread) {
 
 template <int kUnits>
 cudaError_t copy_with(const void* src, void* dst, int64_t units, cudaStream_t stream) {
+  if (units == 0) return cudaSuccess;  // a grid of no blocks is an invalid launch
   copy_kernel<kUnits><<<static_cast<unsigned>(blocks_for(units, kUnits)), kThreads, 0, stream>>>(
       static_cast<const uint4*>(src), static_cast<uint4*>(dst), units);
   return cudaGetLastError();
@@ -228,6 +235,7 @@ cudaError_t copy_with(const void* src, void* dst, int64_t units, cudaStream_t st
 template <int kUnits, bool kSpeculative>
 cudaError_t gather_with(const void* draft_kv, const void* length_offset, void* packed, int64_t units,
                         int log_row_units, int log_slab_units, cudaStream_t stream) {
+  if (units == 0) return cudaSuccess;
   gather_kernel<kUnits, kSpeculative><<<static_cast<unsigned>(blocks_for(units, kUnits)), kThreads, 0, stream>>>(
       static_cast<const uint4*>(draft_kv), static_cast<const longlong2*>(length_offset), static_cast<uint4*>(packed),
       units, log_row_units, log_slab_units);
@@ -300,16 +308,17 @@ int chain_floor_two_pass(const void* target, const void* draft, float* partials,
   if (gamma < 1 || gamma > 32) return cudaErrorInvalidValue;
   auto s = static_cast<cudaStream_t>(stream);
   using chain_floor::two_pass_with;
+  using bf16_t = __nv_bfloat16;
   const int key = (bf16 ? 100 : 0) + rows_units_per_thread * 10 + race_units_per_thread;
   switch (key) {
     case 42: return two_pass_with<float, 4, 2>(target, draft, partials, picks, batch, gamma, row_units, race, s);
     case 44: return two_pass_with<float, 4, 4>(target, draft, partials, picks, batch, gamma, row_units, race, s);
     case 82: return two_pass_with<float, 8, 2>(target, draft, partials, picks, batch, gamma, row_units, race, s);
     case 84: return two_pass_with<float, 8, 4>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 142: return two_pass_with<__nv_bfloat16, 4, 2>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 144: return two_pass_with<__nv_bfloat16, 4, 4>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 182: return two_pass_with<__nv_bfloat16, 8, 2>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 184: return two_pass_with<__nv_bfloat16, 8, 4>(target, draft, partials, picks, batch, gamma, row_units, race, s);
+    case 142: return two_pass_with<bf16_t, 4, 2>(target, draft, partials, picks, batch, gamma, row_units, race, s);
+    case 144: return two_pass_with<bf16_t, 4, 4>(target, draft, partials, picks, batch, gamma, row_units, race, s);
+    case 182: return two_pass_with<bf16_t, 8, 2>(target, draft, partials, picks, batch, gamma, row_units, race, s);
+    case 184: return two_pass_with<bf16_t, 8, 4>(target, draft, partials, picks, batch, gamma, row_units, race, s);
     default: return cudaErrorInvalidValue;
   }
 }

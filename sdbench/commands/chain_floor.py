@@ -1,62 +1,56 @@
-"""Chain floors: the least GPU time a design class can take at a point of issue #17's or #18's grid, measured with
-kernels that do strictly less than any correct kernel of that class (csrc/tools/chain_floor.cu says what each
-leaves out), beside the shipped kernel and the launch floor in the same rotation.
+"""Chain floors: what kernels that do strictly less than a correct kernel of a design class take at a point of
+issue #17's or #18's grid (csrc/tools/chain_floor.cu says what each leaves out), beside the shipped kernel and the
+launch floor in the same rotation. A floor is empirical: the fastest of the launch shapes tried, for kernels of
+these shapes.
 
     python -m sdbench.commands.chain_floor --kv 16384:4:0.3:128,1024:128:0.3:64 \
         --logits 32:4:32000:bf16,128:4:32000:bf16 --out floors.json
 
-A --kv point is batch:γ:α:kv_dim (fp16 KV, int64 tokens, binomial lengths: the scale-kv grid's workload); a --logits
-point is batch:γ:V:bf16|fp32 (the logits grid's workload). Each floor kernel is checked against the reference (KV:
-the packed rows; logits: the pick, recomputed with torch) before it is timed, and its time is the best over its
-launch shapes (units a thread). The bars are the issues': #17 1.3 × (2 × accepted bytes / copy ceiling) + 2 µs cold,
-#18 1.3 × (logits bytes / copy ceiling) + 3 µs. Times: CUPTI GPU time, the median over --iters calls, per L2 state.
+A --kv point is batch:γ:α:kv_dim (fp16 KV, int64 tokens, binomial lengths: the scale-kv grid's workload; γ and the
+row's 16-byte units powers of two); a --logits point is batch:γ:V:bf16|fp32 (the logits grid's workload, mixed
+temperatures; γ <= 32). Each floor kernel is checked against the reference (KV: the packed rows, and nothing
+written past them; logits: the pick, recomputed with torch) before it is timed, and its time is the best over its
+launch shapes (units a thread). The bars are the issues': #17 1.3 × (2 × accepted bytes / copy ceiling) + 2 µs
+cold (the report's), #18 1.3 × (logits bytes / copy ceiling) + 3 µs (logits_summary's). Times: CUPTI GPU time,
+the median over --iters calls, per L2 state; the rows are written to --out after every point.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import hashlib
 import json
 import math
-import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from sdbench import ext, registry, thresholds
+from sdbench.commands.logits_bench import copy_ceiling_tbps
+from sdbench.commands.logits_summary import bar_us as logits_bar
+from sdbench.commands.report import KV_FLOOR_BAR_SCALE, KV_FLOOR_BAR_US
 from sdbench.errors import SdbenchError
 from sdbench.measure import timing
 from sdbench.ops import make_workload
 from sdbench.ops.launch_floor import launch_floor
-from sdbench.ops.prob_verify_logits.workload import LogitsConfig, logits_read_floor_bytes
+from sdbench.ops.prob_verify_logits.workload import LogitsConfig, LogitsWorkload, logits_read_floor_bytes
 from sdbench.ops.verify_pack.reference import verify_pack
-from sdbench.ops.workload import VerifyConfig
+from sdbench.ops.workload import VerifyConfig, VerifyWorkload
 
 SOURCE = ext.CSRC_DIR / "tools" / "chain_floor.cu"
-KV_BAR_SCALE, KV_BAR_US = 1.3, 2.0  # report.KV_FLOOR_BAR_*: #17's bar
-LOGITS_BAR_SCALE, LOGITS_BAR_US = 1.3, 3.0  # logits_summary.bar_us: #18's bar
+THREADS = 256  # chain_floor.cu kThreads
 UNIT = 16  # bytes a thread moves per load
+KV_BYTES = 2  # the scale-kv workload's fp16 KV
 KV_SHAPES = (1, 2, 4)  # units a thread for gather and speculative; copy also 8
 LOGITS_SHAPES = ((4, 2), (4, 4), (8, 2), (8, 4))  # (rows_max, race) units a thread
+MAX_GRID_Y = 65535  # rows_max's grid is (splits, rows)
+L2_STATES = ("cold", "warm")
 
 
-def library(arch: str = "sm_90") -> ctypes.CDLL:
-    """csrc/tools/chain_floor.cu as a shared library, built once per source and arch under ext.cache_root()."""
-    nvcc = ext.nvcc_path()
-    if nvcc is None:
-        raise SdbenchError("nvcc not found: the chain floors are built with nvcc (set CUDA_HOME or PATH)")
-    digest = hashlib.sha256(SOURCE.read_bytes() + arch.encode()).hexdigest()[:16]
-    path = ext.cache_root() / f"chain_floor-{digest}.so"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_suffix(".tmp.so")
-        done = subprocess.run([nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC",
-                               str(SOURCE), "-o", str(scratch)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SdbenchError(f"building {SOURCE.name} failed:\n{ext.trim_build_error(done.stdout + done.stderr)}")
-        scratch.rename(path)
-    lib = ctypes.CDLL(str(path))
+def library() -> ctypes.CDLL:
+    """csrc/tools/chain_floor.cu, built by ext.tool_library, with its entry points typed."""
+    lib = ctypes.CDLL(str(ext.tool_library(SOURCE)))
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.chain_floor_copy.argtypes = [pointer, pointer, i64, i32, pointer]
     lib.chain_floor_gather.argtypes = [pointer, pointer, pointer, i64, i32, i32, i32, i32, pointer]
@@ -84,28 +78,35 @@ def log2_exact(value: int, what: str) -> int:
 
 
 # --- #17 ----------------------------------------------------------------------------------------------
-def kv_floor_runs(lib: ctypes.CDLL, workload, expected: dict[str, torch.Tensor]) -> dict[str, callable]:
-    """copy[u], gather[u] and speculative[u] at workload, each checked against the reference's packed rows."""
-    draft_kv = workload.draft_kv
-    batch, gamma, kv_dim = draft_kv.shape
-    row_bytes = kv_dim * draft_kv.element_size()
+def kv_shifts(gamma: int, kv_dim: int) -> tuple[int, int]:
+    """(log2 of a row's 16-byte units, log2 of a sequence's), for fp16 rows of kv_dim."""
+    row_bytes = kv_dim * KV_BYTES
     if row_bytes % UNIT:
         raise SdbenchError(f"rows of {row_bytes} bytes are not whole 16-byte units")
-    log_row = log2_exact(row_bytes // UNIT, "a row's units")
-    log_slab = log_row + log2_exact(gamma, "γ")
+    log_row = log2_exact(row_bytes // UNIT, "a row's 16-byte units")
+    return log_row, log_row + log2_exact(gamma, "γ")
+
+
+def kv_floor_runs(lib: ctypes.CDLL, workload: VerifyWorkload,
+                  expected: dict[str, torch.Tensor]) -> dict[str, Callable[[], None]]:
+    """copy[u], gather[u] and speculative[u] at workload, each checked against the reference's packed rows (and
+    for writing nothing past them)."""
+    draft_kv = workload.draft_kv
+    batch, gamma, kv_dim = draft_kv.shape
+    log_row, log_slab = kv_shifts(gamma, kv_dim)
     total_rows = int(expected["accepted_lengths"].sum())
     want = expected["packed_kv"][:total_rows]
-    accepted = want.contiguous().clone()  # the copy's source: the accepted bytes as one run
+    accepted = want.clone()  # the copy's source: the accepted bytes as one run
     length_offset = torch.stack([expected["accepted_lengths"], expected["packed_offsets"]], dim=1).contiguous()
-    drafted_units = batch * gamma * row_bytes // UNIT
-    accepted_units = total_rows * row_bytes // UNIT
+    drafted_units = draft_kv.numel() * draft_kv.element_size() // UNIT
+    accepted_units = want.numel() * want.element_size() // UNIT
     runs = {}
 
-    def checked_run(name: str, launch, out: torch.Tensor) -> None:
-        out.fill_(-1)  # poison: a row it does not write fails the check
+    def checked_run(name: str, launch: Callable[[], None], out: torch.Tensor) -> None:
+        out.fill_(-1)  # poison: a row it does not write, or one it writes past the packed rows, fails the check
         launch()
         torch.cuda.synchronize()
-        if not torch.equal(out[:total_rows], want):
+        if not torch.equal(out[:total_rows], want) or not bool((out[total_rows:] == -1).all()):
             raise SdbenchError(f"{name} did not pack the reference's rows")
         runs[name] = launch
 
@@ -129,13 +130,13 @@ def kv_floor_runs(lib: ctypes.CDLL, workload, expected: dict[str, torch.Tensor])
 
 
 def kv_bar_us(accepted_bytes: int, ceiling_gbps: float) -> tuple[float, float]:
-    """(#17's copy floor, its bar), µs."""
+    """(#17's copy floor, its bar), µs, as the report's roofline table computes them."""
     floor = 2 * accepted_bytes / ceiling_gbps / 1e3
-    return floor, KV_BAR_SCALE * floor + KV_BAR_US
+    return floor, KV_FLOOR_BAR_SCALE * floor + KV_FLOOR_BAR_US
 
 
 # --- #18 ----------------------------------------------------------------------------------------------
-def expected_picks(workload) -> torch.Tensor:
+def expected_picks(workload: LogitsWorkload) -> torch.Tensor:
     """The race floor's pick, with torch: k = the first j < γ whose target row maximum is below the draft row's
     (γ when none), then argmax over the vocabulary of target[k] - draft[k] (target[γ] alone at k = γ), in float32."""
     target, draft = workload.target_logits.float(), workload.draft_logits.float()
@@ -149,23 +150,31 @@ def expected_picks(workload) -> torch.Tensor:
     return (t_k - d_k).argmax(dim=1)
 
 
-def logits_floor_runs(lib: ctypes.CDLL, workload) -> dict[str, callable]:
+def logits_row_units(cfg: LogitsConfig) -> int:
+    """A logits row's 16-byte units, after the checks the floor kernels need (γ <= 32, rows of whole units, a grid
+    of at most MAX_GRID_Y rows)."""
+    if cfg.gamma > 32:
+        raise SdbenchError(f"the race floor takes γ <= 32, got {cfg.gamma}")
+    row_bytes = cfg.vocab_size * cfg.element_bytes
+    if row_bytes % UNIT:
+        raise SdbenchError(f"logits rows of {row_bytes} bytes are not whole 16-byte units")
+    if cfg.batch_size * (2 * cfg.gamma + 1) > MAX_GRID_Y:
+        raise SdbenchError(f"rows_max launches one block row per logits row: at most {MAX_GRID_Y} rows")
+    return row_bytes // UNIT
+
+
+def logits_floor_runs(lib: ctypes.CDLL, workload: LogitsWorkload) -> dict[str, Callable[[], None]]:
     """rows_max[u] (pass 1 alone) and two_pass[u,v] (rows_max, then the race under programmatic dependent launch)
     at workload; each two-pass shape's picks checked against torch."""
     target, draft = workload.target_logits, workload.draft_logits
-    batch, gamma, vocab = draft.shape
-    if gamma > 32:
-        raise SdbenchError(f"the race floor takes γ <= 32, got {gamma}")
+    batch, gamma, _ = draft.shape
+    row_units = logits_row_units(workload.config)
     bf16 = target.dtype == torch.bfloat16
-    row_bytes = vocab * target.element_size()
-    if row_bytes % UNIT:
-        raise SdbenchError(f"logits rows of {row_bytes} bytes are not whole 16-byte units")
-    row_units = row_bytes // UNIT
     rows = batch * (2 * gamma + 1)
     want = expected_picks(workload)
     runs = {}
     for rows_units, race_units in LOGITS_SHAPES:
-        splits = math.ceil(row_units / (256 * rows_units))
+        splits = math.ceil(row_units / (THREADS * rows_units))
         partials = torch.empty((rows, splits), dtype=torch.float32, device=target.device)
         picks = torch.empty((batch,), dtype=torch.int64, device=target.device)
 
@@ -173,7 +182,6 @@ def logits_floor_runs(lib: ctypes.CDLL, workload) -> dict[str, callable]:
             _checked(lib.chain_floor_two_pass(target.data_ptr(), draft.data_ptr(), partials.data_ptr(),
                                               picks.data_ptr(), batch, gamma, row_units, int(bf16), rows_units,
                                               race_units, int(race), _stream()), "two_pass")
-        picks.fill_(-1)
         two_pass()
         torch.cuda.synchronize()
         index = (~picks) & 0xFFFFFFFF  # the key's low word holds ~index
@@ -186,30 +194,56 @@ def logits_floor_runs(lib: ctypes.CDLL, workload) -> dict[str, callable]:
 
 
 def logits_bar_us(cfg: LogitsConfig, ceiling_tbps: float) -> tuple[float, float]:
-    """(#18's logits read floor, its bar), µs."""
+    """(#18's logits read floor, its bar), µs, as logits_summary computes them."""
     floor = logits_read_floor_bytes(cfg) / (ceiling_tbps * 1e12) * 1e6
-    return floor, LOGITS_BAR_SCALE * floor + LOGITS_BAR_US
+    return floor, logits_bar(floor)
 
 
 # --- the command --------------------------------------------------------------------------------------
+def _fields(item: str, count: int, form: str) -> list[str]:
+    fields = item.split(":")
+    if len(fields) != count:
+        raise SdbenchError(f"a point is {form}, got {item!r}")
+    return fields
+
+
 def parse_kv(text: str) -> list[VerifyConfig]:
+    """--kv's points, each checked for what the floor kernels need before any GPU work."""
     points = []
     for item in filter(None, text.split(",")):
-        batch, gamma, alpha, kv_dim = item.split(":")
-        points.append(VerifyConfig(batch_size=int(batch), gamma=int(gamma), alpha=float(alpha), kv_dim=int(kv_dim)))
+        batch, gamma, alpha, kv_dim = _fields(item, 4, "batch:γ:α:kv_dim")
+        try:
+            cfg = VerifyConfig(batch_size=int(batch), gamma=int(gamma), alpha=float(alpha), kv_dim=int(kv_dim))
+        except ValueError as err:
+            raise SdbenchError(f"bad point {item!r}: {err}") from err
+        kv_shifts(cfg.gamma, cfg.kv_dim)
+        points.append(cfg)
     return points
 
 
 def parse_logits(text: str) -> list[LogitsConfig]:
+    """--logits' points, each checked for what the floor kernels need before any GPU work."""
     dtypes = {"bf16": "bfloat16", "fp32": "float32"}
     points = []
     for item in filter(None, text.split(",")):
-        batch, gamma, vocab, dtype = item.split(":")
+        batch, gamma, vocab, dtype = _fields(item, 4, "batch:γ:V:bf16|fp32")
         if dtype not in dtypes:
             raise SdbenchError(f"a logits point's dtype is bf16 or fp32, got {dtype!r}")
-        points.append(LogitsConfig(batch_size=int(batch), gamma=int(gamma), vocab_size=int(vocab),
-                                   logits_dtype=dtypes[dtype]))
+        try:
+            cfg = LogitsConfig(batch_size=int(batch), gamma=int(gamma), vocab_size=int(vocab),
+                               logits_dtype=dtypes[dtype])
+        except ValueError as err:
+            raise SdbenchError(f"bad point {item!r}: {err}") from err
+        logits_row_units(cfg)
+        points.append(cfg)
     return points
+
+
+def parse_l2(text: str) -> list[str]:
+    states = [state for state in text.split(",") if state]
+    if not states or any(state not in L2_STATES for state in states):
+        raise SdbenchError(f"--l2 is a comma list of {', '.join(L2_STATES)}, got {text!r}")
+    return states
 
 
 def best_of(medians: dict[str, float], prefix: str) -> tuple[str, float] | None:
@@ -218,10 +252,16 @@ def best_of(medians: dict[str, float], prefix: str) -> tuple[str, float] | None:
     return min(shapes, key=lambda item: item[1]) if shapes else None
 
 
-def time_runs(runs: dict, l2: str, iters: int) -> dict[str, float]:
+def time_runs(runs: dict[str, Callable[[], object]], l2: str, iters: int) -> tuple[dict[str, float], dict[str, str]]:
+    """(medians, reasons): each callable's median GPU µs, or why it has none."""
     options = timing.TimingOptions(warmup=5, iters=iters, gpu_iters=iters, cold_l2=l2 == "cold", views=("gpu",))
-    result = timing.measure(runs, "cuda", options)
-    return {name: views["gpu"].stats.median_us for name, views in result.items() if views["gpu"].stats is not None}
+    medians, reasons = {}, {}
+    for name, views in timing.measure(runs, "cuda", options).items():
+        if views["gpu"].stats is not None:
+            medians[name] = views["gpu"].stats.median_us
+        else:
+            reasons[name] = views["gpu"].reason or views["gpu"].status
+    return medians, reasons
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,22 +274,29 @@ def main(argv: list[str] | None = None) -> int:
                         help="#17's copy ceiling (default: the profile's, as the report reads it)")
     parser.add_argument("--out", default=None, help="JSON file of the rows")
     args = parser.parse_args(argv)
-    kv_points, logits_points = parse_kv(args.kv), parse_logits(args.logits)  # bad points fail before GPU work
-    lib = library()
-    floor = launch_floor("cuda")
-    floor_runs = {} if floor.run is None else {"launch floor": floor.run}
-    from sdbench.commands.logits_bench import copy_ceiling_tbps
-
-    ceiling_tbps = copy_ceiling_tbps()
+    kv_points, logits_points, l2_states = parse_kv(args.kv), parse_logits(args.logits), parse_l2(args.l2)
+    device_name = torch.cuda.get_device_name()
     kv_ceiling = args.kv_ceiling_gbps
     if kv_ceiling is None:
-        profile = thresholds.match_profile(thresholds.load_profiles(), torch.cuda.get_device_name())
+        profile = thresholds.match_profile(thresholds.load_profiles(), device_name)
         if profile is None or not profile.copy_bandwidth_gbps:
             raise SdbenchError("no profile with a copy ceiling for this GPU: give --kv-ceiling-gbps")
         kv_ceiling = profile.copy_bandwidth_gbps
-    print(f"{torch.cuda.get_device_name()}: copy ceiling {ceiling_tbps * 1000:.0f} GB/s measured (#18's floors), "
+    lib = library()
+    floor = launch_floor("cuda")
+    floor_runs = {} if floor.run is None else {"launch floor": floor.run}
+    ceiling_tbps = copy_ceiling_tbps()
+    print(f"{device_name}: copy ceiling {ceiling_tbps * 1000:.0f} GB/s measured (#18's floors), "
           f"{kv_ceiling:.0f} GB/s for #17's", flush=True)
     rows = []
+
+    def record(row: dict, floors: tuple[str, ...], shipped: tuple[str, ...]) -> None:
+        rows.append(row)
+        print(_line(row, floors, shipped), flush=True)
+        if args.out:  # after every point: a later point that fails loses nothing timed before it
+            Path(args.out).write_text(json.dumps({"device": device_name, "copy_ceiling_tbps": ceiling_tbps,
+                                                  "kv_ceiling_gbps": kv_ceiling, "rows": rows}, indent=1))
+
     for cfg in kv_points:
         workload = make_workload("verify_pack", cfg, "cuda")
         expected = verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv)
@@ -258,13 +305,12 @@ def main(argv: list[str] | None = None) -> int:
             runs[name] = registry.get("verify_pack", name).prepare(workload)
         accepted_bytes = int(expected["accepted_lengths"].sum()) * cfg.kv_dim * workload.draft_kv.element_size()
         floor_us, bar = kv_bar_us(accepted_bytes, kv_ceiling)
-        for l2 in args.l2.split(","):
-            medians = time_runs(runs, l2, args.iters)
-            row = {"issue": 17, "point": f"{cfg.batch_size}:{cfg.gamma}:{cfg.alpha:g}:{cfg.kv_dim}", "l2": l2,
-                   "accepted_bytes": accepted_bytes, "floor_us": round(floor_us, 2), "bar_us": round(bar, 2),
-                   "gpu_us": medians}
-            rows.append(row)
-            print(_line(row, ("copy", "gather", "speculative"), ("fused", "ballot+pack_scan")), flush=True)
+        for l2 in l2_states:
+            medians, reasons = time_runs(runs, l2, args.iters)
+            record({"issue": 17, "point": f"{cfg.batch_size}:{cfg.gamma}:{cfg.alpha:g}:{cfg.kv_dim}", "l2": l2,
+                    "accepted_bytes": accepted_bytes, "floor_us": round(floor_us, 2), "bar_us": round(bar, 2),
+                    "gpu_us": medians, "reasons": reasons},
+                   ("copy", "gather", "speculative"), ("fused", "ballot+pack_scan"))
         del workload, expected, runs
         torch.cuda.empty_cache()
     for cfg in logits_points:
@@ -273,18 +319,13 @@ def main(argv: list[str] | None = None) -> int:
                 "fused_logits": registry.get("prob_verify_logits", "fused_logits").prepare(workload)}
         floor_us, bar = logits_bar_us(cfg, ceiling_tbps)
         dtype = "bf16" if cfg.logits_dtype == "bfloat16" else "fp32"
-        for l2 in args.l2.split(","):
-            medians = time_runs(runs, l2, args.iters)
-            row = {"issue": 18, "point": f"{cfg.batch_size}:{cfg.gamma}:{cfg.vocab_size}:{dtype}", "l2": l2,
-                   "floor_us": round(floor_us, 2), "bar_us": round(bar, 2), "gpu_us": medians}
-            rows.append(row)
-            print(_line(row, ("rows_max", "two_pass"), ("fused_logits",)), flush=True)
+        for l2 in l2_states:
+            medians, reasons = time_runs(runs, l2, args.iters)
+            record({"issue": 18, "point": f"{cfg.batch_size}:{cfg.gamma}:{cfg.vocab_size}:{dtype}", "l2": l2,
+                    "floor_us": round(floor_us, 2), "bar_us": round(bar, 2), "gpu_us": medians, "reasons": reasons},
+                   ("rows_max", "two_pass"), ("fused_logits",))
         del workload, runs
         torch.cuda.empty_cache()
-    if args.out:
-        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                              "copy_ceiling_tbps": ceiling_tbps, "kv_ceiling_gbps": kv_ceiling,
-                                              "rows": rows}, indent=1))
     return 0
 
 
@@ -300,8 +341,9 @@ def _line(row: dict, floors: tuple[str, ...], shipped: tuple[str, ...]) -> str:
             cells.append(f"{name} {medians[name]:.2f} ({medians[name] / row['bar_us']:.2f}× bar)")
     if "launch floor" in medians:
         cells.append(f"launch floor {medians['launch floor']:.2f}")
-    return f"#{row['issue']} {row['point']} {row['l2']}: floor {row['floor_us']:.2f} bar {row['bar_us']:.2f} | " + \
-        "  ".join(cells)
+    cells += [f"{name}: no time ({reason})" for name, reason in row["reasons"].items()]
+    head = f"#{row['issue']} {row['point']} {row['l2']}: floor {row['floor_us']:.2f} bar {row['bar_us']:.2f} | "
+    return head + "  ".join(cells)
 
 
 if __name__ == "__main__":
