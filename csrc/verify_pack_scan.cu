@@ -57,6 +57,7 @@ struct ScanTiling {
   int64_t min_tile_bytes = 0;    // worst-case KV bytes of one tile, at least (fewer blocks for tiny work)
   int64_t fixed_chunks = 0;      // 1: a sequence's chunks copy fixed byte ranges (the rule before the even split)
   int64_t late_load_bytes = 0;   // in one wave, chunks of this much KV or more load after the look-back
+  int64_t scan_mode = 0;         // 1: tiles of <= 32 sequences scan in shared memory too, as before session 33
 };
 int64_t scan_state_elems() { return 1 + kScanMaxGroups; }
 int64_t scan_max_batch() { return kScanMaxBatch; }
@@ -80,6 +81,8 @@ constexpr int kUnroll = 8;
 constexpr int64_t kTileBytes = int64_t{kThreads} * kUnroll * 16;
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// Tiles of at most this many sequences (one a lane) scan their lengths in every warp (TileShape::warp_scan).
+constexpr int kWarpScanSeqs = 32;
 constexpr unsigned kAggregate = 1, kInclusive = 2;
 constexpr unsigned kEpochMask = (1u << 30) - 1;
 
@@ -125,6 +128,7 @@ struct TileShape {
   int chunks_per_seq;
   bool fixed_chunks;    // chunk c copies accepted bytes [c, c + 1) * chunk_bytes, not a 1/chunks_per_seq share
   bool late_loads;      // a chunk loads its first copy round after the look-back, not during it (tile_shape)
+  bool warp_scan;       // tiles of <= kWarpScanSeqs sequences: every warp scans the lengths (tile_shape)
   RowDivider row_of;    // a destination unit's row: unit / (row_bytes / sizeof(V)), set at launch (ShiftTable)
 };
 
@@ -477,7 +481,7 @@ __device__ __forceinline__ void chunk_of_accepted(const TileShape& shape, int64_
   bytes = (min(first + per_chunk, units) - first) * static_cast<int64_t>(sizeof(V));
 }
 
-template <typename Lengths, typename V, bool kLateLoads>
+template <typename Lengths, typename V, bool kLateLoads, bool kWarpScan>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     scan_pack_kernel(Lengths lengths, const char* __restrict__ draft_kv, char* __restrict__ packed_kv,
                      int64_t* __restrict__ packed_offsets, unsigned long long* scan_state, TileShape shape,
@@ -485,6 +489,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   __shared__ int s_row_end[kScanMaxTileSeqs];
   __shared__ __align__(8) int s_shift[kShiftRows];  // or kScanMaxTileSeqs int64 unit ends (SearchUnitEnds)
   __shared__ int s_warp_totals[kWarps];
+  __shared__ int s_ends[kWarpScanSeqs];  // warp_scan: the inclusive row ends, from warp 0
   __shared__ unsigned s_epoch;
   __shared__ LookBackScratch s_look_back;
 
@@ -505,8 +510,26 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   __syncthreads();
   timeline_mark(1);
   const unsigned epoch = s_epoch;
-  block_inclusive_scan(s_row_end, count, s_warp_totals);
-  const int64_t tile_rows = s_row_end[count - 1];
+  // Tiles of at most 32 sequences: every warp scans the lengths in registers (lane i: sequence i), so the
+  // publish waits for no further barrier, and a one-sequence tile's loads neither (docs/perf-notes.md, "Session
+  // 33"). s_row_end keeps the lengths there; warp 0 writes the row ends to s_ends, read after a barrier by tiles
+  // of two or more sequences only.
+  int64_t tile_rows;
+  if constexpr (kWarpScan) {
+    const int lane = threadIdx.x % 32;
+    int row_end = lane < count ? s_row_end[lane] : 0;
+#pragma unroll
+    for (int delta = 1; delta < 32; delta <<= 1) {
+      const int up = __shfl_up_sync(kFullMask, row_end, delta);
+      if (lane >= delta) row_end += up;
+    }
+    tile_rows = __shfl_sync(kFullMask, row_end, 31);
+    if (threadIdx.x < 32) s_ends[lane] = row_end;
+  } else {
+    block_inclusive_scan(s_row_end, count, s_warp_totals);
+    tile_rows = s_row_end[count - 1];
+  }
+  const int* row_ends = kWarpScan ? s_ends : s_row_end;  // inclusive, per sequence of the tile
   if (publisher && threadIdx.x == 0) {
     store_relaxed(status + group, pack_status(epoch, group == 0 ? kInclusive : kAggregate,
                                               static_cast<unsigned>(tile_rows)));
@@ -535,8 +558,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       store_relaxed(status + group, pack_status(epoch, kInclusive, static_cast<unsigned>(prefix + tile_rows)));
     }
     if (publisher) {
-      for (int local = threadIdx.x; local < count; local += kThreads) {
-        packed_offsets[first_seq + local] = prefix + (local == 0 ? 0 : s_row_end[local - 1]);
+      for (int local = threadIdx.x; local < count; local += kThreads) {  // the look-back's barriers passed
+        packed_offsets[first_seq + local] = prefix + (local == 0 ? 0 : row_ends[local - 1]);
       }
     }
     copy.packed = reinterpret_cast<V*>(packed_kv + prefix * shape.row_bytes + source_chunk);
@@ -553,15 +576,18 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const bool units32 = tile_units < (int64_t{1} << 31);  // 32-bit row and unit arithmetic
   if (count == 1) {
     copy_tile(OneSequence{});
-  } else if (units32 && count <= kSearchMaxSeqs) {
-    copy_tile(SearchRowEnds{s_row_end, count, static_cast<int>(row_units), shape.slab_bytes / unit_bytes});
-  } else if (units32 && tile_rows <= kShiftRows) {
-    fill_shift_table(s_shift, s_row_end, count, gamma);
-    copy_tile(ShiftTable{s_shift, shape.row_of, static_cast<int>(row_units)});
   } else {
-    int64_t* s_unit_end = reinterpret_cast<int64_t*>(s_shift);
-    fill_unit_ends(s_unit_end, s_row_end, count, row_units);
-    copy_tile(SearchUnitEnds{s_unit_end, count, shape.slab_bytes / unit_bytes});
+    if constexpr (kWarpScan) __syncthreads();  // s_ends, from warp 0
+    if (units32 && count <= kSearchMaxSeqs) {
+      copy_tile(SearchRowEnds{row_ends, count, static_cast<int>(row_units), shape.slab_bytes / unit_bytes});
+    } else if (units32 && tile_rows <= kShiftRows) {
+      fill_shift_table(s_shift, row_ends, count, gamma);
+      copy_tile(ShiftTable{s_shift, shape.row_of, static_cast<int>(row_units)});
+    } else {
+      int64_t* s_unit_end = reinterpret_cast<int64_t*>(s_shift);
+      fill_unit_ends(s_unit_end, row_ends, count, row_units);
+      copy_tile(SearchUnitEnds{s_unit_end, count, shape.slab_bytes / unit_bytes});
+    }
   }
   timeline_mark(3);
   finish_block(scan_state, epoch);
@@ -625,7 +651,7 @@ int multiprocessor_count() {
 TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, ScanTiling tiling) {
   tiling = resolved(tiling);
   TileShape shape{batch, gamma, row_bytes, gamma * row_bytes, gamma * row_bytes, 1, 1, tiling.fixed_chunks != 0,
-                  false};
+                  false, tiling.scan_mode == 0};
   const int64_t target_blocks = int64_t{sms} * kBlocksPerSm * tiling.waves;
   const int64_t total_bytes = batch * shape.slab_bytes;
   int64_t tile_bytes = (total_bytes + target_blocks - 1) / target_blocks;
@@ -664,6 +690,7 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   seqs = seqs > needed ? seqs : needed;
   seqs = seqs < 1 ? 1 : (seqs > kScanMaxTileSeqs ? kScanMaxTileSeqs : seqs);
   shape.seqs_per_tile = static_cast<int>(seqs);
+  shape.warp_scan = shape.warp_scan && seqs <= kWarpScanSeqs;
   return shape;
 }
 
@@ -682,8 +709,11 @@ cudaError_t launch_with(const Lengths& lengths, const void* draft_kv, void* pack
   if (groups > kScanMaxGroups || grid > 0x7fffffff) return cudaErrorInvalidValue;
   TileShape with_rows = shape;
   with_rows.row_of = RowDivider::of(shape.row_bytes / static_cast<int64_t>(sizeof(V)));
-  // The load order is a template argument: as a runtime branch it made the 8- and 16-byte fused kernels spill.
-  auto* kernel = shape.late_loads ? scan_pack_kernel<Lengths, V, true> : scan_pack_kernel<Lengths, V, false>;
+  // The load order and the scan are template arguments: as runtime branches they made the 16-byte kernels spill.
+  auto* kernel = shape.late_loads ? (shape.warp_scan ? scan_pack_kernel<Lengths, V, true, true>
+                                                     : scan_pack_kernel<Lengths, V, true, false>)
+                                  : (shape.warp_scan ? scan_pack_kernel<Lengths, V, false, true>
+                                                     : scan_pack_kernel<Lengths, V, false, false>);
   kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
       lengths, static_cast<const char*>(draft_kv), static_cast<char*>(packed_kv), packed_offsets,
       reinterpret_cast<unsigned long long*>(scan_state), with_rows, writes_verdict);

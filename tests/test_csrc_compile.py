@@ -81,3 +81,30 @@ def test_the_tile_rule_loads_late_only_at_one_wave_chunks_of_64_kib(tmp_path):
             for kv in (64, 128, 1024, 4096)]
     assert sorted(point for point, value in late(*grid).items() if value) == [
         "256:128:2048", "256:32:8192", "32:128:8192"]
+
+
+def test_the_tile_rule_scans_in_warps_up_to_32_sequences_a_tile(tmp_path):
+    """tile_shape's warp_scan (csrc/verify_pack_scan.cu): tiles of at most 32 sequences (one a lane) scan their
+    lengths in every warp, larger tiles in shared memory, and the scan_mode knob turns it off; read on the host
+    through csrc/tools/tile_shape_probe.cu, against the seqs_per_tile the same line reports."""
+    import subprocess
+
+    nvcc = ext.nvcc_path() or shutil.which("nvcc")
+    probe = tmp_path / "tile_shape_probe"
+    built = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", f"-I{ext.CSRC_DIR}",
+                            str(ext.CSRC_DIR / "tools" / "tile_shape_probe.cu"), "-o", str(probe)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, ext.trim_build_error(built.stdout + built.stderr)
+    grid = [f"{b}:{g}:{2 * kv}" for b in (1, 8, 32, 256, 1024, 4096, 16384, 65536) for g in (4, 8, 32, 128)
+            for kv in (64, 128, 1024, 4096)]
+    run = subprocess.run([str(probe), "132", *grid, *(f"{p}:scan_mode=1" for p in grid)], capture_output=True,
+                         text=True, check=True)
+    shapes = {line.split()[0]: dict(field.split("=") for field in line.split()[1:]) for line in run.stdout.splitlines()}
+    assert len(shapes) == 2 * len(grid)
+    for point in grid:
+        seqs = int(shapes[point]["seqs_per_tile"])
+        assert shapes[point]["warp_scan"] == ("1" if seqs <= 32 else "0"), (point, shapes[point])
+        assert shapes[f"{point}:scan_mode=1"]["warp_scan"] == "0"
+        assert shapes[f"{point}:scan_mode=1"]["seqs_per_tile"] == str(seqs), "the knob changes the scan, not the tile"
+    counts = {int(shapes[p]["seqs_per_tile"]) for p in grid}
+    assert min(counts) == 1 and 2 <= len({c for c in counts if 2 <= c <= 32}) and max(counts) > 32, counts

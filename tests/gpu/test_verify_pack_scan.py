@@ -154,7 +154,10 @@ TILINGS = [{}, {"tile_waves": 4}, {"tile_waves": 2, "look_back_groups": 256},
            # unit's source is found by the binary search over the sequences' unit ends (SearchUnitEnds); tiles of
            # 256 KiB: exactly 2048 rows below (the table's last row)
            {"tile_min_bytes": 1 << 20, "tile_max_bytes": 1 << 20},
-           {"tile_min_bytes": 256 << 10, "tile_max_bytes": 256 << 10}]
+           {"tile_min_bytes": 256 << 10, "tile_max_bytes": 256 << 10},
+           # tiles of at most 32 sequences scanned in shared memory, as before session 33 (their sources from the
+           # search or the shift table), not in every warp's registers
+           {"scan_mode": 1}, {"scan_mode": 1, "tile_waves": 4}]
 TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5, kv_dim=1024, token_dtype="int32"),
                 VerifyConfig(4096, 8, 0.6, kv_dim=128), VerifyConfig(1024, 8, 0.3, kv_dim=4096),
                 VerifyConfig(65537, 3, 0.7, kv_dim=64, dist="geometric"),
@@ -168,7 +171,13 @@ TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5
                 # 1,024 slabs of 1 KiB a tile at 1 MiB tiles, ~7 of 8 rows accepted: ~7,000 rows, past the shift table
                 VerifyConfig(4096, 8, 0.9, kv_dim=64),
                 # every row accepted: 256 slabs of 1 KiB a tile at 256 KiB tiles fill the shift table to its last row
-                VerifyConfig(1024, 8, 0.5, kv_dim=64, dist="fixed", fixed_length=8)]
+                VerifyConfig(1024, 8, 0.5, kv_dim=64, dist="fixed", fixed_length=8),
+                # the warp scan's edges (tile_shape_probe): tiles of 32 sequences, the last of one; tiles of 33, scanned
+                # in shared memory; 32-sequence tiles accepting every row and none; two sequences of γ > 32 a tile
+                VerifyConfig(16385, 4, 0.5, kv_dim=128), VerifyConfig(17000, 4, 0.5, kv_dim=64),
+                VerifyConfig(16896, 4, 0.5, kv_dim=64, dist="fixed", fixed_length=4),
+                VerifyConfig(16896, 4, 0.5, kv_dim=64, dist="fixed", fixed_length=0),
+                VerifyConfig(1000, 130, 0.5, kv_dim=64, token_dtype="int32")]
 
 
 @pytest.mark.parametrize("cfg", TILING_CASES, ids=_case_id)
@@ -199,9 +208,43 @@ def test_every_tile_rule_gives_the_reference(cfg):
     assert int(state[0]) & 0xFFFFFFFF == 0, "the count of finished blocks is back at 0 after every launch"
 
 
+# Tiles of at most 32 sequences scan in every warp, then find a unit's source the three ways larger tiles do: a
+# search of 2-4 row ends, the shift table, or (past kShiftRows = 2048 accepted rows) the search over unit ends. The
+# last needs 32 sequences of 100 rows each, all accepted (3,200 rows), in tiles of 6,400 bytes of 2-byte rows.
+@pytest.mark.parametrize("cfg, tiling", [
+    (VerifyConfig(64, 100, 0.5, kv_dim=1, dist="fixed", fixed_length=100), {"tile_min_bytes": 6400}),
+    (VerifyConfig(64, 100, 0.5, kv_dim=1, dist="fixed", fixed_length=100, token_dtype="int32"),
+     {"tile_min_bytes": 6400, "scan_mode": 1}),
+    (VerifyConfig(96, 100, 0.9, kv_dim=1, dist="geometric"), {"tile_min_bytes": 6400}),
+    (VerifyConfig(700, 33, 0.6, kv_dim=7), {}), (VerifyConfig(1000, 130, 0.5, kv_dim=64), {})],
+    ids=["rows-past-the-table", "rows-past-the-table-block-scan", "geometric-32-a-tile", "18-a-tile-2-byte-units",
+         "2-a-tile-gamma-130"])
+def test_warp_scanned_tiles_find_every_source(cfg, tiling):
+    from sdbench.ops.backends import cuda_ops
+    from sdbench.ops.pack.outputs import pack_outputs
+    from sdbench.ops.verify.cuda_impls import verify_outputs
+    from sdbench.ops.verify_pack.reference import verify_pack
+
+    w = make_workload("verify_pack", cfg, "cuda")
+    expected = verify_pack(w.draft_tokens, w.target_tokens, w.draft_kv)
+    out = {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
+    parity.poison(out, expected)
+    cuda_ops().fused_scan(w.draft_tokens, w.target_tokens, w.draft_kv, out["accepted_lengths"], out["has_mismatch"],
+                          out["next_tokens"], out["packed_kv"], out["packed_offsets"], scan_state("cuda"), **tiling)
+    torch.cuda.synchronize()
+    assert parity.compare(expected, out) is None, parity.compare(expected, out)
+    packed_expected = pack(w.draft_kv, expected["accepted_lengths"])
+    packed = pack_outputs(w)
+    parity.poison(packed, packed_expected)
+    cuda_ops().pack_scan(w.draft_kv, expected["accepted_lengths"], packed["packed_kv"], packed["packed_offsets"],
+                         packed["error_flags"], scan_state("cuda"), **tiling)
+    torch.cuda.synchronize()
+    assert parity.compare(packed_expected, packed) is None, parity.compare(packed_expected, packed)
+
+
 @pytest.mark.parametrize("knob, value", [("tile_waves", 2 ** 62), ("tile_waves", -1), ("tile_max_bytes", 2 ** 41),
                                          ("tile_min_bytes", -5), ("look_back_groups", 65537),
-                                         ("fixed_chunks", 2), ("late_load_bytes", -1)])
+                                         ("fixed_chunks", 2), ("late_load_bytes", -1), ("scan_mode", 2)])
 def test_tile_knobs_out_of_range_are_a_clear_error(knob, value):
     from sdbench.ops.backends import cuda_ops
     from sdbench.ops.pack.outputs import pack_outputs
@@ -335,6 +378,9 @@ cases = [
     ("verify_pack", "ballot+pack_scan", VerifyConfig(33, 8, 0.6, kv_dim=120)),
     ("pack", "pack_scan", VerifyConfig(5, 33, 0.6, kv_dim=3)),
     ("pack", "pack_scan", VerifyConfig(20000, 2, 0.6, kv_dim=64)),
+    # tiles of <= 32 sequences scanned in every warp: 32 a tile (the last of one), and 18 of 2-byte units
+    ("verify_pack", "fused_scan", VerifyConfig(16385, 4, 0.5, kv_dim=128)),
+    ("pack", "pack_scan", VerifyConfig(700, 33, 0.6, kv_dim=7)),
 ]
 failed = 0
 for op, name, cfg in cases:
