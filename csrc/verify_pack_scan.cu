@@ -10,8 +10,9 @@
 // Block i handles tile i:
 //   1. reads the launch's epoch (the high word of state[0]) while its tokens load;
 //   2. finds its sequences' accepted lengths (fused: warp ballots, ceil-pow2(γ) lanes per sequence for
-//      γ <= 32, one warp per sequence above; pack: loads them, clamped to [0, γ]) and scans them in
-//      shared memory; chunk 0 of a group publishes the group's sum (flag AGGREGATE, or INCLUSIVE for
+//      γ <= 32, one warp per sequence above; pack: loads them, clamped to [0, γ]) and scans them: in every
+//      warp's registers for tiles of at most 32 sequences (one a lane), in shared memory for larger tiles;
+//      chunk 0 of a group publishes the group's sum (flag AGGREGATE, or INCLUSIVE for
 //      group 0) in its status word, which carries the epoch, so words of earlier launches read as
 //      "not yet";
 //   3. issues the loads of its accepted KV (kUnroll 16-byte vectors per thread): sources do not depend
@@ -28,7 +29,7 @@
 //      (CUDA-graph replays advance it on the device).
 // Status words are one 64-bit value each (epoch:30 | flag:2 | value:32), read and written with
 // relaxed 64-bit accesses, so no fence orders them against other data.
-// Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints), 8 KiB of the copy's shift table (kShiftRows ints) + ~140
+// Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints), 8 KiB of the copy's shift table (kShiftRows ints) + ~270
 // bytes; registers: see tests/test_csrc_compile.py.
 //
 // The state (scan_state_elems() = 1 + kScanMaxGroups int64) is zeroed once by its owner and then reused by every launch in
