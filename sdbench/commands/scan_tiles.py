@@ -16,8 +16,8 @@ during the look-back), `b1` (tiles of at most 32 sequences scan their lengths in
 source in a shift table or a search, as before session 33, not in every warp's registers); `default` changes
 nothing. Each point also times --peers (default: fused,
 ballot+pack_cuda, ballot+pack_scan) and the launch floor (an empty kernel) in the same rotation, so every line
-reads against the others of its run. Times:
-CUPTI GPU time, the median over --iters calls, per L2 state.
+reads against the others of its run. Times: the median over --iters calls, per L2 state and view (--views: `gpu`,
+CUPTI GPU time, the default; `graph`, a CUDA-graph replay's; `wall`), each row's `<view>_us`.
 """
 
 from __future__ import annotations
@@ -82,9 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--l2", default="cold,warm")
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--views", default="gpu", help="timing views, of wall,graph,gpu (default: gpu)")
     parser.add_argument("--out", default=None, help="JSON file of the rows")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
+    views = tuple(args.views.split(","))
+    if not views or not set(views) <= set(timing.CUDA_VIEWS):
+        parser.error(f"--views takes some of {','.join(timing.CUDA_VIEWS)}, got {args.views!r}")
     changes = {variant: tiling(variant) for variant in variants}  # bad variants fail before any GPU work
     peers = [registry.get("verify_pack", name) for name in args.peers.split(",") if name]
     floor = launch_floor("cuda")  # an empty kernel, timed in every rotation: the floor of the same run
@@ -106,15 +110,18 @@ def main(argv: list[str] | None = None) -> int:
         accepted_bytes = total * cfg.kv_dim * workload.draft_kv.element_size()
         for l2 in args.l2.split(","):
             options = timing.TimingOptions(warmup=5, iters=args.iters, gpu_iters=args.iters, cold_l2=l2 == "cold",
-                                           views=("gpu",))
+                                           views=views)
             result = timing.measure(runs, "cuda", options)
-            medians = {name: views["gpu"].stats.median_us for name, views in result.items()
-                       if views["gpu"].stats is not None}
-            rows.append({"batch": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha, "kv_dim": cfg.kv_dim,
-                         "l2": l2, "accepted_kv_bytes": accepted_bytes, "gpu_us": medians})
-            cells = "  ".join(f"{name} {value:.2f}" for name, value in medians.items())
-            print(f"b={cfg.batch_size} γ={cfg.gamma} α={cfg.alpha:g} kv={cfg.kv_dim} {l2} "
-                  f"{accepted_bytes / 1e6:.2f} MB: {cells}", flush=True)
+            row = {"batch": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha, "kv_dim": cfg.kv_dim, "l2": l2,
+                   "accepted_kv_bytes": accepted_bytes}
+            for view in views:
+                medians = {name: by_view[view].stats.median_us for name, by_view in result.items()
+                           if by_view[view].stats is not None}
+                row[f"{view}_us"] = medians
+                cells = "  ".join(f"{name} {value:.2f}" for name, value in medians.items())
+                print(f"b={cfg.batch_size} γ={cfg.gamma} α={cfg.alpha:g} kv={cfg.kv_dim} {l2} {view} "
+                      f"{accepted_bytes / 1e6:.2f} MB: {cells}", flush=True)
+            rows.append(row)
         del workload, runs
         torch.cuda.empty_cache()
     if args.out:

@@ -24,3 +24,10 @@ def test_unknown_variant_parts_are_refused(bad):
 def test_points_are_the_scale_grids_workloads():
     assert scan_tiles.parse_points("1024:32:0.9:1024,1:8:0.3:64") == [
         VerifyConfig(batch_size=1024, gamma=32, alpha=0.9, kv_dim=1024), VerifyConfig(1, 8, 0.3, kv_dim=64)]
+
+
+@pytest.mark.parametrize("views", ["bogus", "gpu,cpu", ""])
+def test_unknown_views_are_refused_before_any_gpu_work(views, capsys):
+    with pytest.raises(SystemExit):
+        scan_tiles.main(["--points", "1:4:0.5:64", "--views", views])
+    assert "--views takes some of wall,graph,gpu" in capsys.readouterr().err
