@@ -29,7 +29,7 @@
 //      (CUDA-graph replays advance it on the device).
 // Status words are one 64-bit value each (epoch:30 | flag:2 | value:32), read and written with
 // relaxed 64-bit accesses, so no fence orders them against other data.
-// Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints), 8 KiB of the copy's shift table (kShiftRows ints) + ~270
+// Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints), 8 KiB of the copy's shift table (kShiftRows ints) + ~230
 // bytes; registers: see tests/test_csrc_compile.py.
 //
 // The state (scan_state_elems() = 1 + kScanMaxGroups int64) is zeroed once by its owner and then reused by every launch in
@@ -559,7 +559,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       store_relaxed(status + group, pack_status(epoch, kInclusive, static_cast<unsigned>(prefix + tile_rows)));
     }
     if (publisher) {
-      for (int local = threadIdx.x; local < count; local += kThreads) {  // the look-back's barriers passed
+      // row_ends[local - 1] for local >= 1 only: tiles of 2+ sequences passed the barrier before copy_tile (s_ends)
+      for (int local = threadIdx.x; local < count; local += kThreads) {
         packed_offsets[first_seq + local] = prefix + (local == 0 ? 0 : row_ends[local - 1]);
       }
     }
@@ -710,7 +711,9 @@ cudaError_t launch_with(const Lengths& lengths, const void* draft_kv, void* pack
   if (groups > kScanMaxGroups || grid > 0x7fffffff) return cudaErrorInvalidValue;
   TileShape with_rows = shape;
   with_rows.row_of = RowDivider::of(shape.row_bytes / static_cast<int64_t>(sizeof(V)));
-  // The load order and the scan are template arguments: as runtime branches they made the 16-byte kernels spill.
+  // The load order and the scan are template arguments. As a runtime branch, the load order made the 8- and 16-byte
+  // fused kernels spill, and so did the scan with session 33's first (dropped) sources; a template keeps each kernel
+  // to one scan's code.
   auto* kernel = shape.late_loads ? (shape.warp_scan ? scan_pack_kernel<Lengths, V, true, true>
                                                      : scan_pack_kernel<Lengths, V, true, false>)
                                   : (shape.warp_scan ? scan_pack_kernel<Lengths, V, false, true>

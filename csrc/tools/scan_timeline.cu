@@ -2,13 +2,12 @@
 //
 //   make scan-timeline && build/scan_timeline 16384:4:0.3:128,32:8:0.3:4096 default,g256,pack,pack:g256 21
 //
-// A point is batch:γ:α:kv_dim (fp16 KV, int64 tokens, k ~ Binomial(γ, α), as the scale-kv grid); a variant is
-// `default` or one tile-rule knob (g<groups>, m<KiB>, w<waves>, t<KiB>, l<KiB>, b1: ScanTiling, see scan_tiles.py), timing
+// A point is batch:γ:α:kv_dim (fp16 KV, int64 tokens, k ~ Binomial(γ, α), as the scale-kv grid); a variant is `default`
+// or one tile-rule knob (g<groups>, m<KiB>, w<waves>, t<KiB>, l<KiB>, b1: ScanTiling, see scan_tiles.py), timing
 // `fused`'s launch; `pack` or `pack:<knob>` times the same kernel as `pack_scan` launches it (the lengths given, so
-// "verdict" is reading them). Each
-// point runs cold (a 512 MiB reading flush before every launch), with only its code warm (the flush, then a
-// one-sequence launch that brings the kernel's instructions back into L2) and warm, `reps` timed launches
-// each, and prints medians over launches of:
+// "verdict" is reading them). Each point runs cold (a 512 MiB reading flush before every launch), with only its code
+// warm (the flush, then a one-sequence launch that brings the kernel's instructions back into L2) and warm, `reps`
+// timed launches each, and prints medians over launches of:
 //   span      first block's entry to the last block's last store issued (global timer, µs)
 //   last*     when the last block started, had its verdict, had its prefix (µs from the first entry)
 //   verdict, pre-look-back, first window, look-back, copy
@@ -78,7 +77,13 @@ static ScanTiling tiling_of(const std::string& variant) {
     case 'w': tiling.waves = value; break;
     case 't': tiling.max_tile_bytes = value * 1024; break;
     case 'l': tiling.late_load_bytes = value * 1024; break;
-    case 'b': tiling.scan_mode = value; break;
+    case 'b':
+      if (value != 1) {
+        fprintf(stderr, "unknown variant %s (b1 only)\n", variant.c_str());
+        exit(2);
+      }
+      tiling.scan_mode = value;
+      break;
     default: fprintf(stderr, "unknown variant %s\n", variant.c_str()); exit(2);
   }
   return tiling;

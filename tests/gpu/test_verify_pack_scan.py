@@ -172,8 +172,9 @@ TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5
                 VerifyConfig(4096, 8, 0.9, kv_dim=64),
                 # every row accepted: 256 slabs of 1 KiB a tile at 256 KiB tiles fill the shift table to its last row
                 VerifyConfig(1024, 8, 0.5, kv_dim=64, dist="fixed", fixed_length=8),
-                # the warp scan's edges (tile_shape_probe): tiles of 32 sequences, the last of one; tiles of 33, scanned
-                # in shared memory; 32-sequence tiles accepting every row and none; two sequences of γ > 32 a tile
+                # the warp scan's edges on a GPU of 132 SMs (H100, H200; tile_shape_probe): tiles of 32 sequences, the
+                # last of one; tiles of 33, scanned in shared memory (test_warp_scanned_tiles_find_every_source pins
+                # both with tile_min_bytes, on any GPU); 32-sequence tiles accepting every row and none; two sequences of γ > 32 a tile
                 VerifyConfig(16385, 4, 0.5, kv_dim=128), VerifyConfig(17000, 4, 0.5, kv_dim=64),
                 VerifyConfig(16896, 4, 0.5, kv_dim=64, dist="fixed", fixed_length=4),
                 VerifyConfig(16896, 4, 0.5, kv_dim=64, dist="fixed", fixed_length=0),
@@ -211,13 +212,16 @@ def test_every_tile_rule_gives_the_reference(cfg):
 # Tiles of at most 32 sequences scan in every warp, then find a unit's source the three ways larger tiles do: a
 # search of 2-4 row ends, the shift table, or (past kShiftRows = 2048 accepted rows) the search over unit ends. The
 # last needs 32 sequences of 100 rows each, all accepted (3,200 rows), in tiles of 6,400 bytes of 2-byte rows.
+# tile_min_bytes fixes the tiles whatever the GPU's SM count: 32 slabs of 1 KiB a tile (the last tile of one), 33.
 @pytest.mark.parametrize("cfg, tiling", [
+    (VerifyConfig(65, 8, 0.5, kv_dim=64), {"tile_min_bytes": 32 * 1024}),
+    (VerifyConfig(66, 8, 0.5, kv_dim=64, dist="geometric"), {"tile_min_bytes": 33 * 1024}),
     (VerifyConfig(64, 100, 0.5, kv_dim=1, dist="fixed", fixed_length=100), {"tile_min_bytes": 6400}),
     (VerifyConfig(64, 100, 0.5, kv_dim=1, dist="fixed", fixed_length=100, token_dtype="int32"),
      {"tile_min_bytes": 6400, "scan_mode": 1}),
     (VerifyConfig(96, 100, 0.9, kv_dim=1, dist="geometric"), {"tile_min_bytes": 6400}),
     (VerifyConfig(700, 33, 0.6, kv_dim=7), {}), (VerifyConfig(1000, 130, 0.5, kv_dim=64), {})],
-    ids=["rows-past-the-table", "rows-past-the-table-block-scan", "geometric-32-a-tile", "18-a-tile-2-byte-units",
+    ids=["32-a-tile-last-of-one", "33-a-tile-block-scan", "rows-past-the-table", "rows-past-the-table-block-scan", "geometric-32-a-tile", "18-a-tile-2-byte-units",
          "2-a-tile-gamma-130"])
 def test_warp_scanned_tiles_find_every_source(cfg, tiling):
     from sdbench.ops.backends import cuda_ops

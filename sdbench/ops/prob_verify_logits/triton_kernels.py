@@ -642,7 +642,7 @@ def _block_weights(p, q, GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr):
 
 
 @triton.jit
-def _scan_mode(tokens, target_logit, draft_logit, uniforms_ptr, mass_ptr, b, vocab, mass_splits,
+def _block_scan(tokens, target_logit, draft_logit, uniforms_ptr, mass_ptr, b, vocab, mass_splits,
                 row_max, row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
                 GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, MASS_PAD: tl.constexpr,
                 PRECISE_MATH: tl.constexpr, FAST: tl.constexpr):
@@ -970,7 +970,7 @@ def _race_program(
     `chunks`·STEPS a sequence) and the last arrival draws the token by inversion (`_cdf_pick`); otherwise
     the exponential race on Philox noise (supplied mode: on the supplied noise, as the reference defines).
     RULE "block": the stop τ and w_τ from the draft-token ratios and the residual masses at mass_ptr
-    (`_scan_mode`, every program), and the race over max(0, w_τ·p_τ - q_τ). Constexprs: each path
+    (`_block_scan`, every program), and the race over max(0, w_τ·p_τ - q_τ). Constexprs: each path
     compiles only its own code.
     Fast mode draws at the Philox offset offsets_ptr[b] (int64 [B]), which the last arrival advances by one,
     as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work.
@@ -1035,7 +1035,7 @@ def _race_program(
                     draft_tokens_ptr, target_ptr, draft_ptr, b, vocab, stride_tok_b, stride_p_b, stride_p_row,
                     stride_q_b, stride_q_row, GAMMA, GAMMA_PAD)
             if RULE == "block":
-                k, bad, stop_weight = _scan_mode(
+                k, bad, stop_weight = _block_scan(
                     tokens, target_logit, draft_logit, uniforms_ptr, mass_ptr, b, vocab, mass_splits, row_max,
                     row_sum, row_arg, inverse_t, inverse_d, greedy_t, greedy_d, seed, offset, stride_u_b,
                     GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, PRECISE_MATH, FAST)
