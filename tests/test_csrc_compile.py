@@ -5,6 +5,7 @@ kernel before anyone reaches a GPU. The sources compile in parallel (about 20 s 
 """
 
 import shutil
+import subprocess
 
 import pytest
 
@@ -17,6 +18,18 @@ pytestmark = pytest.mark.skipif(ext.nvcc_path() is None and shutil.which("nvcc")
 @pytest.fixture(scope="module")
 def compiled():
     return ext.compile_sources("sm_90")
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    """csrc/tools/tile_shape_probe.cu built on the host: the tile rule of csrc/verify_pack_scan.cu, no GPU."""
+    nvcc = ext.nvcc_path() or shutil.which("nvcc")
+    path = tmp_path_factory.mktemp("probe") / "tile_shape_probe"
+    built = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", f"-I{ext.CSRC_DIR}",
+                            str(ext.CSRC_DIR / "tools" / "tile_shape_probe.cu"), "-o", str(path)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, ext.trim_build_error(built.stdout + built.stderr)
+    return path
 
 
 def test_every_source_compiles(compiled):
@@ -52,19 +65,11 @@ def test_the_scan_timeline_tool_compiles():
     assert not [k for k in timed if k["spill_store_bytes"] > 12 or k["spill_load_bytes"] > 20 or k["stack_bytes"] > 8]
 
 
-def test_the_tile_rule_loads_late_only_at_one_wave_chunks_of_64_kib(tmp_path):
+def test_the_tile_rule_loads_late_only_at_one_wave_chunks_of_64_kib(probe):
     """tile_shape (csrc/verify_pack_scan.cu) on the host through csrc/tools/tile_shape_probe.cu: the first copy
     round waits for the look-back at chunks of >= 64 KiB in a grid of one wave of resident blocks (132 SMs x 4),
     never at whole tiles, at 32 KiB chunks or in grids of several waves (docs/perf-notes.md, "Session 18"). On
     the scale-kv grid (fp16 KV) that is exactly three shapes, six configs with both α."""
-    import subprocess
-
-    nvcc = ext.nvcc_path() or shutil.which("nvcc")
-    probe = tmp_path / "tile_shape_probe"
-    built = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", f"-I{ext.CSRC_DIR}",
-                            str(ext.CSRC_DIR / "tools" / "tile_shape_probe.cu"), "-o", str(probe)],
-                           capture_output=True, text=True)
-    assert built.returncode == 0, ext.trim_build_error(built.stdout + built.stderr)
 
     def late(*points: str) -> dict[str, int]:
         run = subprocess.run([str(probe), "132", *points], capture_output=True, text=True, check=True)
@@ -83,18 +88,10 @@ def test_the_tile_rule_loads_late_only_at_one_wave_chunks_of_64_kib(tmp_path):
         "256:128:2048", "256:32:8192", "32:128:8192"]
 
 
-def test_the_tile_rule_scans_in_warps_up_to_32_sequences_a_tile(tmp_path):
+def test_the_tile_rule_scans_in_warps_up_to_32_sequences_a_tile(probe):
     """tile_shape's warp_scan (csrc/verify_pack_scan.cu): tiles of at most 32 sequences (one a lane) scan their
     lengths in every warp, larger tiles in shared memory, and the scan_mode knob turns it off; read on the host
     through csrc/tools/tile_shape_probe.cu, against the seqs_per_tile the same line reports."""
-    import subprocess
-
-    nvcc = ext.nvcc_path() or shutil.which("nvcc")
-    probe = tmp_path / "tile_shape_probe"
-    built = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", f"-I{ext.CSRC_DIR}",
-                            str(ext.CSRC_DIR / "tools" / "tile_shape_probe.cu"), "-o", str(probe)],
-                           capture_output=True, text=True)
-    assert built.returncode == 0, ext.trim_build_error(built.stdout + built.stderr)
     grid = [f"{b}:{g}:{2 * kv}" for b in (1, 8, 32, 256, 1024, 4096, 16384, 65536) for g in (4, 8, 32, 128)
             for kv in (64, 128, 1024, 4096)]
     run = subprocess.run([str(probe), "132", *grid, *(f"{p}:scan_mode=1" for p in grid)], capture_output=True,
