@@ -242,12 +242,17 @@ def arch_flag(arch: str) -> str:
     return "sm_" + first.replace(".", "")
 
 
-def compile_sources(arch: str = "sm_90", out_dir: str | Path | None = None,
-                    paths: list[Path] | None = None) -> list[CompileResult]:
-    """nvcc -c each csrc/*.cu for arch with ptxas -v, in parallel; never raises on a compile error."""
+def _required_nvcc() -> str:
     nvcc = nvcc_path()
     if nvcc is None:
         raise SdbenchError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
+    return nvcc
+
+
+def compile_sources(arch: str = "sm_90", out_dir: str | Path | None = None,
+                    paths: list[Path] | None = None) -> list[CompileResult]:
+    """nvcc -c each csrc/*.cu for arch with ptxas -v, in parallel; never raises on a compile error."""
+    nvcc = _required_nvcc()
     paths = paths if paths is not None else cu_sources()
     with tempfile.TemporaryDirectory(prefix="sdbench-ptxas-") as scratch:
         target = Path(out_dir) if out_dir is not None else Path(scratch)
@@ -320,11 +325,12 @@ def demangle(names: list[str]) -> list[str]:
     return list(names)
 
 
-def _report_key(arch: str, nvcc: str) -> str:
+def _build_key(nvcc: str, arch: str, flags: tuple[str, ...], sources: list[Path]) -> str:
+    """A cache key for what nvcc builds from sources: its version, the arch, the flags and every source's bytes."""
     digest = hashlib.sha256()
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    digest.update(f"{version}|{arch}|{REPORT_NVCC_FLAGS}".encode())
-    for path in sorted(CSRC_DIR.glob("*.cu*")):
+    digest.update(f"{version}|{arch}|{flags}".encode())
+    for path in sources:
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:20]
 
@@ -334,11 +340,10 @@ def ptxas_report(arch: str | None = None) -> list[dict]:
 
     Raises SdbenchError when nvcc is missing or a source does not compile (with the compiler's error).
     """
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise SdbenchError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
+    nvcc = _required_nvcc()
     arch = arch_flag(arch or arch_list() or "sm_90")
-    cache_file = cache_root() / f"ptxas-report-{_report_key(arch, nvcc)}.json"
+    key = _build_key(nvcc, arch, REPORT_NVCC_FLAGS, sorted(CSRC_DIR.glob("*.cu*")))
+    cache_file = cache_root() / f"ptxas-report-{key}.json"
     if cache_file.is_file():
         return json.loads(cache_file.read_text())
     records: list[dict] = []
@@ -359,13 +364,9 @@ def tool_library(source: Path, arch: str | None = None) -> Path:
     ctypes), built once per source, flags, arch and nvcc version under cache_root(). Concurrent builds (xdist
     workers) each write their own scratch file and rename it into place, so none loads a half-written library.
     Raises SdbenchError when nvcc is missing or the source does not compile."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise SdbenchError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
+    nvcc = _required_nvcc()
     arch = arch_flag(arch or arch_list() or "sm_90")
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256(f"{version}|{arch}|{TOOL_NVCC_FLAGS}|".encode() + source.read_bytes()).hexdigest()[:16]
-    path = cache_root() / f"{source.stem}-{digest}.so"
+    path = cache_root() / f"{source.stem}-{_build_key(nvcc, arch, TOOL_NVCC_FLAGS, [source])}.so"
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
