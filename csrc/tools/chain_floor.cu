@@ -18,7 +18,10 @@
 //                gamma), reads target row k and draft row k (where k < gamma) again and returns
 //                argmax(target - draft) (argmax(target) at k = gamma) by one 64-bit atomicMax per block.
 //   Both read every row of every request. fused_logits reads fewer where requests are greedy (no draft rows in
-//   pass 1, no race), so on a batch with greedy requests these two are not a floor for it.
+//   pass 1, no race), so on a batch with greedy requests these two are not a floor for it. With greedy_period P > 0
+//   (request s greedy iff s % P == 0, as a temperature cycle that starts at 0 makes them), both skip what
+//   fused_logits skips: rows_max reads no draft row of a greedy request, and the race runs for sampled requests only.
+//   Rows and requests are mapped by arithmetic, so skipping adds no load to either chain.
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -114,17 +117,29 @@ __device__ __forceinline__ float block_max(float value, float* s_warp) {
   return value;
 }
 
-// Grid (splits, rows), rows = B (2 gamma + 1) <= 65535: block (split, row) takes the maximum of units
-// [split, split + 1) * kThreads * kUnits of row `row` (target rows first, then draft rows), kUnits a thread, and a
-// block reduction through 32 bytes of shared memory. Block (0, seq) also zeroes the race's pick of sequence seq.
+// The sampled requests in order, for greedy_period P > 0 (request s greedy iff s % P == 0): the j-th is
+// (j / (P - 1)) * P + j % (P - 1) + 1. P = 0: every request, the j-th is j.
+__device__ __forceinline__ int64_t sampled_request(int64_t j, int greedy_period) {
+  return greedy_period == 0 ? j : (j / (greedy_period - 1)) * greedy_period + j % (greedy_period - 1) + 1;
+}
+
+// Grid (splits, rows), rows <= 65535: the target rows, then the draft rows of the sampled requests (every request's
+// where greedy_period = 0). Block (split, y) takes the maximum of units [split, split + 1) * kThreads * kUnits of
+// its row, kUnits a thread, and a block reduction through 32 bytes of shared memory, into partials[row][split]
+// (row: its index among all B (2 gamma + 1) rows, so a greedy request's draft rows are left unwritten). Block
+// (0, seq) also zeroes the race's pick of sequence seq.
 template <typename T, int kUnits>
 __global__ void __launch_bounds__(kThreads) rows_max_kernel(const uint4* __restrict__ target,
                                                             const uint4* __restrict__ draft, float* partials,
                                                             unsigned long long* picks, int64_t target_rows,
-                                                            int row_units, int batch) {
+                                                            int row_units, int batch, int gamma, int greedy_period) {
   asm volatile("griddepcontrol.launch_dependents;");
   __shared__ float s_warp[kThreads / 32];
-  const int64_t row = blockIdx.y;
+  int64_t row = blockIdx.y;
+  if (row >= target_rows) {  // the (row - target_rows)-th drafted row of the sampled requests
+    const int64_t drafted = row - target_rows;
+    row = target_rows + sampled_request(drafted / gamma, greedy_period) * gamma + drafted % gamma;
+  }
   const uint4* source = row < target_rows ? target + row * row_units : draft + (row - target_rows) * row_units;
   const int first = blockIdx.x * kThreads * kUnits + threadIdx.x;
   uint4 word[kUnits];
@@ -144,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) rows_max_kernel(const uint4* __restr
   }
   best = block_max(best, s_warp);
   if (threadIdx.x == 0) {
-    partials[row * gridDim.x + blockIdx.x] = best;
+    partials[row * gridDim.x + blockIdx.x] = best;  // gridDim.x: the splits
     if (blockIdx.x == 0 && row < batch) picks[row] = 0;
   }
 }
@@ -154,18 +169,19 @@ __device__ __forceinline__ unsigned ordered_bits(float value) {  // unsigned ord
   return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
 }
 
-// Grid (chunks of kThreads * kUnits units of a row, B), gamma <= 32: warp 0 decides k from the row maxima, every
+// Grid (chunks of kThreads * kUnits units of a row, sampled requests: every request where greedy_period = 0),
+// gamma <= 32: warp 0 decides k from the row maxima, every
 // thread reads kUnits units of target row k and draft row k, and the block's best key (ordered(value) << 32 | ~index,
 // so the smallest index wins a tie) goes to one atomicMax. Shared memory: k and 8 keys (68 bytes).
 template <typename T, int kUnits>
 __global__ void __launch_bounds__(kThreads) race_kernel(const uint4* __restrict__ target,
                                                         const uint4* __restrict__ draft, const float* partials,
                                                         unsigned long long* picks, int gamma, int row_units,
-                                                        int splits, int64_t target_rows) {
+                                                        int splits, int64_t target_rows, int greedy_period) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   __shared__ int s_row;
   __shared__ unsigned long long s_warp[kThreads / 32];
-  const int64_t seq = blockIdx.y;
+  const int64_t seq = sampled_request(blockIdx.y, greedy_period);
   if (threadIdx.x < 32) {
     bool reject = false;
     if (static_cast<int>(threadIdx.x) < gamma) {
@@ -244,15 +260,17 @@ cudaError_t gather_with(const void* draft_kv, const void* length_offset, void* p
 
 template <typename T, int kRowsUnits, int kRaceUnits>
 cudaError_t two_pass_with(const void* target, const void* draft, float* partials, unsigned long long* picks,
-                          int batch, int gamma, int row_units, bool race, cudaStream_t stream) {
+                          int batch, int gamma, int row_units, bool race, int greedy_period, cudaStream_t stream) {
   const int splits = static_cast<int>(blocks_for(row_units, kRowsUnits));
-  const int64_t target_rows = int64_t{batch} * (gamma + 1), rows = target_rows + int64_t{batch} * gamma;
+  const int64_t greedy = greedy_period == 0 ? 0 : (batch + greedy_period - 1) / greedy_period;  // s % P == 0
+  const int64_t sampled = batch - greedy;
+  const int64_t target_rows = int64_t{batch} * (gamma + 1), rows = target_rows + sampled * gamma;
   rows_max_kernel<T, kRowsUnits><<<dim3(splits, static_cast<unsigned>(rows)), kThreads, 0, stream>>>(
       static_cast<const uint4*>(target), static_cast<const uint4*>(draft), partials, picks, target_rows, row_units,
-      batch);
-  if (cudaError_t error = cudaGetLastError(); error != cudaSuccess || !race) return error;
+      batch, gamma, greedy_period);
+  if (cudaError_t error = cudaGetLastError(); error != cudaSuccess || !race || sampled == 0) return error;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks_for(row_units, kRaceUnits)), static_cast<unsigned>(batch));
+  config.gridDim = dim3(static_cast<unsigned>(blocks_for(row_units, kRaceUnits)), static_cast<unsigned>(sampled));
   config.blockDim = dim3(kThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
@@ -262,7 +280,7 @@ cudaError_t two_pass_with(const void* target, const void* draft, float* partials
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, race_kernel<T, kRaceUnits>, static_cast<const uint4*>(target),
                             static_cast<const uint4*>(draft), static_cast<const float*>(partials), picks, gamma,
-                            row_units, splits, target_rows);
+                            row_units, splits, target_rows, greedy_period);
 }
 
 }  // namespace
@@ -301,24 +319,25 @@ int chain_floor_gather(const void* draft_kv, const void* length_offset, void* pa
 }
 
 // bf16: 1 for bfloat16 logits, 0 for float32. rows_units_per_thread: 4 or 8; race_units_per_thread: 2 or 4.
-// race 0: rows_max alone. partials: float [rows, splits]; picks: uint64 [B].
+// race 0: rows_max alone. partials: float [B (2 gamma + 1), splits]; picks: uint64 [B]. greedy_period: 0 (every row
+// read, every request raced) or P >= 2 (request s greedy iff s % P == 0: its draft rows unread, its pick left 0).
 int chain_floor_two_pass(const void* target, const void* draft, float* partials, unsigned long long* picks, int batch,
                          int gamma, int row_units, int bf16, int rows_units_per_thread, int race_units_per_thread,
-                         int race, void* stream) {
-  if (gamma < 1 || gamma > 32) return cudaErrorInvalidValue;
+                         int race, int greedy_period, void* stream) {
+  if (gamma < 1 || gamma > 32 || greedy_period < 0 || greedy_period == 1) return cudaErrorInvalidValue;
   auto s = static_cast<cudaStream_t>(stream);
   using chain_floor::two_pass_with;
   using bf16_t = __nv_bfloat16;
   const int key = (bf16 ? 100 : 0) + rows_units_per_thread * 10 + race_units_per_thread;
   switch (key) {
-    case 42: return two_pass_with<float, 4, 2>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 44: return two_pass_with<float, 4, 4>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 82: return two_pass_with<float, 8, 2>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 84: return two_pass_with<float, 8, 4>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 142: return two_pass_with<bf16_t, 4, 2>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 144: return two_pass_with<bf16_t, 4, 4>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 182: return two_pass_with<bf16_t, 8, 2>(target, draft, partials, picks, batch, gamma, row_units, race, s);
-    case 184: return two_pass_with<bf16_t, 8, 4>(target, draft, partials, picks, batch, gamma, row_units, race, s);
+    case 42: return two_pass_with<float, 4, 2>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
+    case 44: return two_pass_with<float, 4, 4>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
+    case 82: return two_pass_with<float, 8, 2>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
+    case 84: return two_pass_with<float, 8, 4>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
+    case 142: return two_pass_with<bf16_t, 4, 2>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
+    case 144: return two_pass_with<bf16_t, 4, 4>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
+    case 182: return two_pass_with<bf16_t, 8, 2>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
+    case 184: return two_pass_with<bf16_t, 8, 4>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -10,7 +10,9 @@ A --kv point is batch:γ:α:kv_dim (fp16 KV, int64 tokens, binomial lengths: the
 row's 16-byte units powers of two); a --logits point is batch:γ:V:bf16|fp32 (the logits grid's workload, mixed
 temperatures; γ <= 32). Each floor kernel is checked against the reference (KV: the packed rows, and nothing
 written past them; logits: the pick, recomputed with torch) before it is timed, and its time is the best over its
-launch shapes (units a thread). The bars are the issues': #17 1.3 × (2 × accepted bytes / copy ceiling) + 2 µs
+launch shapes (units a thread). Where a logits batch's greedy requests fall every P-th (the grid's temperature
+cycle), the two-pass floors are timed twice: reading every row, and reading what fused_logits reads (`sampled_`: no
+draft row of a greedy request, no race for it). The bars are the issues': #17 1.3 × (2 × accepted bytes / copy ceiling) + 2 µs
 cold (the report's), #18 1.3 × (logits bytes / copy ceiling) + 3 µs (logits_summary's). Times: CUPTI GPU time,
 the median over --iters calls, per L2 state; the rows are written to --out after every point.
 """
@@ -55,7 +57,7 @@ def library() -> ctypes.CDLL:
     lib.chain_floor_copy.argtypes = [pointer, pointer, i64, i32, pointer]
     lib.chain_floor_gather.argtypes = [pointer, pointer, pointer, i64, i32, i32, i32, i32, pointer]
     lib.chain_floor_two_pass.argtypes = [pointer, pointer, pointer, pointer, i32, i32, i32, i32, i32, i32, i32,
-                                         pointer]
+                                         i32, pointer]
     for function in (lib.chain_floor_copy, lib.chain_floor_gather, lib.chain_floor_two_pass):
         function.restype = ctypes.c_int
     return lib
@@ -163,15 +165,30 @@ def logits_row_units(cfg: LogitsConfig) -> int:
     return row_bytes // UNIT
 
 
-def logits_floor_runs(lib: ctypes.CDLL, workload: LogitsWorkload) -> dict[str, Callable[[], None]]:
+def greedy_period(workload: LogitsWorkload) -> int:
+    """P where request s is greedy (target temperature 0) exactly when s % P == 0, as a temperature cycle of length
+    P starting at 0 makes them (the grid's); 0 where no request is greedy or they fall otherwise."""
+    greedy = workload.target_temperature == 0
+    if not bool(greedy.any()):
+        return 0
+    period = len(workload.config.temperatures)
+    pattern = torch.arange(greedy.shape[0], device=greedy.device) % period == 0
+    return period if period >= 2 and torch.equal(greedy, pattern) else 0
+
+
+def two_pass_runs(lib: ctypes.CDLL, workload: LogitsWorkload, period: int = 0) -> dict[str, Callable[[], None]]:
     """rows_max[u] (pass 1 alone) and two_pass[u,v] (rows_max, then the race under programmatic dependent launch)
-    at workload; each two-pass shape's picks checked against torch."""
+    at workload, each two-pass shape's picks checked against torch. period P > 0: the `sampled_` floors, which read
+    no draft row of a greedy request (s % P == 0) and race sampled requests only; their picks are checked there."""
     target, draft = workload.target_logits, workload.draft_logits
     batch, gamma, _ = draft.shape
     row_units = logits_row_units(workload.config)
     bf16 = target.dtype == torch.bfloat16
     rows = batch * (2 * gamma + 1)
-    want = expected_picks(workload)
+    raced = torch.arange(batch, device=target.device) % period != 0 if period else torch.ones(
+        batch, dtype=torch.bool, device=target.device)
+    want = expected_picks(workload)[raced]
+    prefix = "sampled_" if period else ""
     runs = {}
     for rows_units, race_units in LOGITS_SHAPES:
         splits = math.ceil(row_units / (THREADS * rows_units))
@@ -181,15 +198,25 @@ def logits_floor_runs(lib: ctypes.CDLL, workload: LogitsWorkload) -> dict[str, C
         def two_pass(partials=partials, picks=picks, rows_units=rows_units, race_units=race_units, race=True):
             _checked(lib.chain_floor_two_pass(target.data_ptr(), draft.data_ptr(), partials.data_ptr(),
                                               picks.data_ptr(), batch, gamma, row_units, int(bf16), rows_units,
-                                              race_units, int(race), _stream()), "two_pass")
+                                              race_units, int(race), period, _stream()), "two_pass")
         two_pass()
         torch.cuda.synchronize()
-        index = (~picks) & 0xFFFFFFFF  # the key's low word holds ~index
+        index = (~picks[raced]) & 0xFFFFFFFF  # the key's low word holds ~index
         if not torch.equal(index, want):
-            raise SdbenchError(f"two_pass[{rows_units},{race_units}] picked other tokens than torch")
-        runs[f"two_pass[{rows_units},{race_units}]"] = two_pass
+            raise SdbenchError(f"{prefix}two_pass[{rows_units},{race_units}] picked other tokens than torch")
+        runs[f"{prefix}two_pass[{rows_units},{race_units}]"] = two_pass
         if race_units == LOGITS_SHAPES[0][1]:
-            runs[f"rows_max[{rows_units}]"] = lambda two_pass=two_pass: two_pass(race=False)
+            runs[f"{prefix}rows_max[{rows_units}]"] = lambda two_pass=two_pass: two_pass(race=False)
+    return runs
+
+
+def logits_floor_runs(lib: ctypes.CDLL, workload: LogitsWorkload) -> dict[str, Callable[[], None]]:
+    """The two-pass floors at workload: reading every row (rows_max, two_pass) and, where its greedy requests fall
+    every P-th (greedy_period), reading what fused_logits reads (sampled_rows_max, sampled_two_pass)."""
+    runs = two_pass_runs(lib, workload)
+    period = greedy_period(workload)
+    if period:
+        runs.update(two_pass_runs(lib, workload, period))
     return runs
 
 
@@ -323,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             medians, reasons = time_runs(runs, l2, args.iters)
             record({"issue": 18, "point": f"{cfg.batch_size}:{cfg.gamma}:{cfg.vocab_size}:{dtype}", "l2": l2,
                     "floor_us": round(floor_us, 2), "bar_us": round(bar, 2), "gpu_us": medians, "reasons": reasons},
-                   ("rows_max", "two_pass"), ("fused_logits",))
+                   ("rows_max", "two_pass", "sampled_rows_max", "sampled_two_pass"), ("fused_logits",))
         del workload, runs
         torch.cuda.empty_cache()
     return 0

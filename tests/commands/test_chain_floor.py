@@ -117,3 +117,14 @@ def test_the_race_floors_expected_pick_is_the_rule(dtype):
     want = picks_by_loops(workload.target_logits, workload.draft_logits)
     assert chain_floor.expected_picks(workload).tolist() == want
     assert want[0] == int(target[0, 3].to(dtype).float().argmax())  # the bonus row's own argmax
+
+
+@pytest.mark.parametrize(("temperatures", "period"), [
+    ((0.0, 0.7, 1.0, 1.3), 4), ((0.0, 1.0), 2), ((0.7, 1.0), 0), ((0.7, 0.0), 0), ((0.0,), 0)])
+def test_the_sampled_floors_run_where_greedy_requests_fall_every_pth(temperatures, period):
+    """Request s greedy iff s % P == 0 (a cycle starting at 0 with no other 0): the sampled floors' arithmetic
+    mapping holds. Other patterns (none greedy, greedy at odd s, all greedy) get no sampled floors."""
+    from sdbench.ops import make_workload
+
+    workload = make_workload("prob_verify_logits", LogitsConfig(9, 4, 64, "float32", temperatures=temperatures), "cpu")
+    assert chain_floor.greedy_period(workload) == period
