@@ -167,9 +167,10 @@ def logits_row_units(cfg: LogitsConfig) -> int:
 
 def greedy_period(workload: LogitsWorkload) -> int:
     """P where request s is greedy (target temperature 0) exactly when s % P == 0, as a temperature cycle of length
-    P starting at 0 makes them (the grid's); 0 where no request is greedy or they fall otherwise."""
+    P starting at 0 makes them (the grid's); 0 where no request is greedy, they fall otherwise, or the rule is not
+    the token rule (under the block rule fused_logits reads a greedy request's draft rows too)."""
     greedy = workload.target_temperature == 0
-    if not bool(greedy.any()):
+    if workload.config.rule != "token" or not bool(greedy.any()):
         return 0
     period = len(workload.config.temperatures)
     pattern = torch.arange(greedy.shape[0], device=greedy.device) % period == 0
@@ -204,6 +205,8 @@ def two_pass_runs(lib: ctypes.CDLL, workload: LogitsWorkload, period: int = 0) -
         index = (~picks[raced]) & 0xFFFFFFFF  # the key's low word holds ~index
         if not torch.equal(index, want):
             raise SdbenchError(f"{prefix}two_pass[{rows_units},{race_units}] picked other tokens than torch")
+        if not bool((picks[~raced] == 0).all()):  # rows_max zeroed them; a race over a greedy request did more work
+            raise SdbenchError(f"{prefix}two_pass[{rows_units},{race_units}] raced a greedy request")
         runs[f"{prefix}two_pass[{rows_units},{race_units}]"] = two_pass
         if race_units == LOGITS_SHAPES[0][1]:
             runs[f"{prefix}rows_max[{rows_units}]"] = lambda two_pass=two_pass: two_pass(race=False)

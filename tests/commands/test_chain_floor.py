@@ -128,3 +128,11 @@ def test_the_sampled_floors_run_where_greedy_requests_fall_every_pth(temperature
 
     workload = make_workload("prob_verify_logits", LogitsConfig(9, 4, 64, "float32", temperatures=temperatures), "cpu")
     assert chain_floor.greedy_period(workload) == period
+
+
+def test_the_block_rule_gets_no_sampled_floors():
+    """Under the block rule fused_logits reads a greedy request's draft rows too, so the sampled pair is no floor."""
+    from sdbench.ops import make_workload
+
+    workload = make_workload("prob_verify_logits", LogitsConfig(8, 4, 64, "float32", rule="block"), "cpu")
+    assert chain_floor.greedy_period(workload) == 0

@@ -53,30 +53,39 @@ def test_every_two_pass_shape_picks_torchs_tokens(lib, cfg):
     assert sorted(runs) == sorted(names + [f"sampled_{name}" for name in names])
 
 
-@pytest.mark.parametrize("bf16", [True, False])
-def test_the_sampled_pass_reads_every_row_but_a_greedy_requests_drafts(lib, bf16):
-    """rows_max with greedy_period 4 (requests 0 and 4 of 6 greedy): every target row's and every sampled request's
-    draft row's per-split maxima equal torch's, and a greedy request's draft rows are never written (still NaN)."""
-    cfg = LogitsConfig(6, 4, 5000 if not bf16 else 4096, "bfloat16" if bf16 else "float32")
+# (bf16, V, rows_units, P): one split and several (bf16 V = 32000 at 4 units a thread: 4 splits), P = 2 and 4, a batch
+# of 7 (not a multiple of either)
+@pytest.mark.parametrize(("bf16", "vocab", "rows_units", "period"),
+                         [(True, 4096, 4, 4), (True, 32000, 4, 2), (False, 5000, 8, 4), (False, 5000, 4, 2)])
+def test_the_sampled_pass_reads_every_row_but_a_greedy_requests_drafts(lib, bf16, vocab, rows_units, period):
+    """rows_max with greedy_period P (request s greedy iff s % P == 0): every target row's and every sampled request's
+    draft row's per-split maxima equal torch's; a greedy request's draft rows and two guard rows past the buffer are
+    never written (still NaN)."""
+    batch, gamma = 7, 4
+    cfg = LogitsConfig(batch, gamma, vocab, "bfloat16" if bf16 else "float32")
     workload = make_workload("prob_verify_logits", cfg, "cuda")
     target, draft = workload.target_logits, workload.draft_logits
-    row_units, rows_units = chain_floor.logits_row_units(cfg), 4
+    row_units = chain_floor.logits_row_units(cfg)
     splits = math.ceil(row_units / (chain_floor.THREADS * rows_units))
-    partials = torch.full((6 * 9, splits), float("nan"), device="cuda")
-    picks = torch.empty(6, dtype=torch.int64, device="cuda")
+    rows = batch * (2 * gamma + 1)
+    partials = torch.full((rows + 2, splits), float("nan"), device="cuda")  # two guard rows past the floor's
+    picks = torch.empty(batch, dtype=torch.int64, device="cuda")
     status = lib.chain_floor_two_pass(target.data_ptr(), draft.data_ptr(), partials.data_ptr(), picks.data_ptr(),
-                                      6, 4, row_units, int(bf16), rows_units, 2, 0, 4, chain_floor._stream())
+                                      batch, gamma, row_units, int(bf16), rows_units, 2, 0, period,
+                                      chain_floor._stream())
     torch.cuda.synchronize()
     assert status == 0
     per_split = chain_floor.THREADS * rows_units * chain_floor.UNIT // target.element_size()  # logits a split reads
-    rows = torch.cat([target.reshape(-1, cfg.vocab_size), draft.reshape(-1, cfg.vocab_size)]).float()
-    padded = torch.nn.functional.pad(rows, (0, splits * per_split - cfg.vocab_size), value=float("-inf"))
-    want = padded.reshape(rows.shape[0], splits, per_split).amax(dim=2)
-    greedy_drafts = torch.zeros(rows.shape[0], dtype=torch.bool, device="cuda")
-    for seq in (0, 4):
-        greedy_drafts[6 * 5 + seq * 4: 6 * 5 + seq * 4 + 4] = True
-    assert torch.isnan(partials[greedy_drafts]).all(), "a greedy request's draft row was read"
-    assert torch.equal(partials[~greedy_drafts], want[~greedy_drafts])
+    logits = torch.cat([target.reshape(-1, vocab), draft.reshape(-1, vocab)]).float()
+    padded = torch.nn.functional.pad(logits, (0, splits * per_split - vocab), value=float("-inf"))
+    want = padded.reshape(rows, splits, per_split).amax(dim=2)
+    unwritten = torch.zeros(rows + 2, dtype=torch.bool, device="cuda")
+    unwritten[rows:] = True
+    target_rows = batch * (gamma + 1)
+    for seq in range(0, batch, period):
+        unwritten[target_rows + seq * gamma: target_rows + (seq + 1) * gamma] = True
+    assert torch.isnan(partials[unwritten]).all(), "a greedy request's draft row, or a row past the buffer, was written"
+    assert torch.equal(partials[~unwritten], want[~unwritten[:rows]])
 
 
 def test_a_two_pass_floor_against_other_picks_fails_its_check(lib, monkeypatch):
