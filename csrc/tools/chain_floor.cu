@@ -117,10 +117,12 @@ __device__ __forceinline__ float block_max(float value, float* s_warp) {
   return value;
 }
 
-// The sampled requests in order, for greedy_period P > 0 (request s greedy iff s % P == 0): the j-th is
-// (j / (P - 1)) * P + j % (P - 1) + 1. P = 0: every request, the j-th is j.
-__device__ __forceinline__ int64_t sampled_request(int64_t j, int greedy_period) {
-  return greedy_period == 0 ? j : (j / (greedy_period - 1)) * greedy_period + j % (greedy_period - 1) + 1;
+// The j-th sampled request, for greedy_period P >= 2 (request s greedy iff s % P == 0): (j / (P - 1)) * P + j % (P - 1)
+// + 1.
+// 32-bit: j < B <= 65535 (the grid's y). Callers skip it where greedy_period = 0, so the all-rows floors keep
+// session 32's chains.
+__device__ __forceinline__ unsigned sampled_request(unsigned j, unsigned greedy_period) {
+  return (j / (greedy_period - 1)) * greedy_period + j % (greedy_period - 1) + 1;
 }
 
 // Grid (splits, rows), rows <= 65535: the target rows, then the draft rows of the sampled requests (every request's
@@ -136,9 +138,10 @@ __global__ void __launch_bounds__(kThreads) rows_max_kernel(const uint4* __restr
   asm volatile("griddepcontrol.launch_dependents;");
   __shared__ float s_warp[kThreads / 32];
   int64_t row = blockIdx.y;
-  if (row >= target_rows) {  // the (row - target_rows)-th drafted row of the sampled requests
-    const int64_t drafted = row - target_rows;
-    row = target_rows + sampled_request(drafted / gamma, greedy_period) * gamma + drafted % gamma;
+  if (greedy_period != 0 && row >= target_rows) {  // the (row - target_rows)-th drafted row of the sampled requests
+    const unsigned drafted = static_cast<unsigned>(row - target_rows), g = static_cast<unsigned>(gamma);
+    row = target_rows + int64_t{sampled_request(drafted / g, static_cast<unsigned>(greedy_period))} * gamma +
+          drafted % g;
   }
   const uint4* source = row < target_rows ? target + row * row_units : draft + (row - target_rows) * row_units;
   const int first = blockIdx.x * kThreads * kUnits + threadIdx.x;
@@ -178,10 +181,12 @@ __global__ void __launch_bounds__(kThreads) race_kernel(const uint4* __restrict_
                                                         const uint4* __restrict__ draft, const float* partials,
                                                         unsigned long long* picks, int gamma, int row_units,
                                                         int splits, int64_t target_rows, int greedy_period) {
+  // the request first: its arithmetic overlaps rows_max, which the wait is for
+  const int64_t seq =
+      greedy_period == 0 ? blockIdx.y : sampled_request(blockIdx.y, static_cast<unsigned>(greedy_period));
   asm volatile("griddepcontrol.wait;" ::: "memory");
   __shared__ int s_row;
   __shared__ unsigned long long s_warp[kThreads / 32];
-  const int64_t seq = sampled_request(blockIdx.y, greedy_period);
   if (threadIdx.x < 32) {
     bool reject = false;
     if (static_cast<int>(threadIdx.x) < gamma) {
