@@ -138,3 +138,20 @@ def test_trace_rounds_need_a_trace_and_check_it(tmp_path):
     long.write_text("1 9\n")
     with pytest.raises(SdbenchError, match="outside"):
         VerifyConfig(2, 4, dist="trace-rounds-sorted", trace_path=str(long))
+
+
+@pytest.mark.parametrize("op", ["prob_verify", "prob_verify_ragged", "prob_verify_logits"])
+def test_every_probabilistic_workload_checks_its_randomness_the_same_way(op):
+    """One home for the randomness mode and the fast-mode offset: a bad mode and a negative offset are refused by
+    every probabilistic workload, and a good one shares the tensors."""
+    from sdbench.ops import make_workload
+    from sdbench.ops.prob_verify_logits.workload import LogitsConfig
+
+    cfg = LogitsConfig(2, 3, 64, "float32") if op == "prob_verify_logits" else VerifyConfig(2, 3, 0.5)
+    workload = make_workload(op, cfg, "cpu")
+    with pytest.raises(SdbenchError, match="randomness must be one of"):
+        workload.with_randomness("sometimes")
+    with pytest.raises(SdbenchError, match="offset must be >= 0"):
+        workload.with_randomness("fast", offset=-1)
+    fast = workload.with_randomness("fast", offset=3)
+    assert (fast.randomness, fast.offset) == ("fast", 3) and fast.draft_tokens is workload.draft_tokens

@@ -19,7 +19,7 @@ import torch
 
 from sdbench.errors import SdbenchError
 from sdbench.ops.prob_verify.reference import RULES
-from sdbench.ops.prob_verify.workload import PROB_LOGIT_SCALE, RANDOMNESS_MODES
+from sdbench.ops.prob_verify.workload import PROB_LOGIT_SCALE, with_randomness
 from sdbench.ops.workload import PROB_DTYPES, TOKEN_DTYPES
 
 MIXED_TEMPERATURES = (0.0, 0.7, 1.0, 1.3)  # greedy and sampled requests in one batch
@@ -88,9 +88,8 @@ class LogitsWorkload:
         return self.config.seed
 
     def with_randomness(self, randomness: str, offset: int = 0) -> LogitsWorkload:
-        if randomness not in RANDOMNESS_MODES:
-            raise SdbenchError(f"randomness must be one of {', '.join(RANDOMNESS_MODES)}, got {randomness!r}")
-        return dataclasses.replace(self, randomness=randomness, offset=offset)
+        """The same inputs in another randomness mode (tensors are shared, not copied)."""
+        return with_randomness(self, randomness, offset)
 
 
 def as_logits_config(cfg) -> LogitsConfig:
