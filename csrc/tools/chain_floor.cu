@@ -334,17 +334,21 @@ int chain_floor_two_pass(const void* target, const void* draft, float* partials,
   using chain_floor::two_pass_with;
   using bf16_t = __nv_bfloat16;
   const int key = (bf16 ? 100 : 0) + rows_units_per_thread * 10 + race_units_per_thread;
+  using Launch = cudaError_t (*)(const void*, const void*, float*, unsigned long long*, int, int, int, bool, int,
+                                 cudaStream_t);
+  Launch launch = nullptr;
   switch (key) {
-    case 42: return two_pass_with<float, 4, 2>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
-    case 44: return two_pass_with<float, 4, 4>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
-    case 82: return two_pass_with<float, 8, 2>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
-    case 84: return two_pass_with<float, 8, 4>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
-    case 142: return two_pass_with<bf16_t, 4, 2>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
-    case 144: return two_pass_with<bf16_t, 4, 4>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
-    case 182: return two_pass_with<bf16_t, 8, 2>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
-    case 184: return two_pass_with<bf16_t, 8, 4>(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
+    case 42: launch = two_pass_with<float, 4, 2>; break;
+    case 44: launch = two_pass_with<float, 4, 4>; break;
+    case 82: launch = two_pass_with<float, 8, 2>; break;
+    case 84: launch = two_pass_with<float, 8, 4>; break;
+    case 142: launch = two_pass_with<bf16_t, 4, 2>; break;
+    case 144: launch = two_pass_with<bf16_t, 4, 4>; break;
+    case 182: launch = two_pass_with<bf16_t, 8, 2>; break;
+    case 184: launch = two_pass_with<bf16_t, 8, 4>; break;
     default: return cudaErrorInvalidValue;
   }
+  return launch(target, draft, partials, picks, batch, gamma, row_units, race, greedy_period, s);
 }
 
 }  // extern "C"

@@ -186,8 +186,8 @@ def two_pass_runs(lib: ctypes.CDLL, workload: LogitsWorkload, period: int = 0) -
     row_units = logits_row_units(workload.config)
     bf16 = target.dtype == torch.bfloat16
     rows = batch * (2 * gamma + 1)
-    raced = torch.arange(batch, device=target.device) % period != 0 if period else torch.ones(
-        batch, dtype=torch.bool, device=target.device)
+    requests = torch.arange(batch, device=target.device)
+    raced = requests % period != 0 if period else torch.ones_like(requests, dtype=torch.bool)
     want = expected_picks(workload)[raced]
     prefix = "sampled_" if period else ""
     runs = {}
