@@ -203,7 +203,8 @@ def _fold_tile(x, m, s, arg, first_cols, scale, greedy, FTZ: tl.constexpr):
     first argmax, over the lane's VEC logits at once: a max over VEC values in one thread, then one
     exp2 per logit and one per lane to rescale s (six instructions a logit, bf16's conversion included,
     against twelve for a running max per logit). m runs on the raw logits; -FLT_MAX start, so a -inf
-    logit adds 2^-inf = 0 and never NaN."""
+    logit adds 2^-inf = 0 and never NaN. (The exponent as one FFMA, x·scale - m·scale, was measured and lost
+    on the H200, and a row at -FLT_MAX overflows m·scale: docs/perf-notes.md, "Session 35".)"""
     tile_max = tl.max(x, axis=1)
     grown = tl.maximum(m, tile_max)
     terms = _exp2((x - grown[:, None]) * scale, FTZ)
@@ -212,6 +213,22 @@ def _fold_tile(x, m, s, arg, first_cols, scale, greedy, FTZ: tl.constexpr):
         first = first_cols + tl.argmax(x, axis=1, tie_break_left=True).to(tl.int32)
         arg = tl.where((tile_max > m) | ((arg == NO_INDEX) & (tile_max == grown)), first, arg)
     return grown, s, arg
+
+
+@triton.jit
+def _load_tile(base, first, offsets, words, WORDS: tl.constexpr, TILE: tl.constexpr, VEC: tl.constexpr):
+    """Columns [first, first + TILE) of a row as float32 [TILE // VEC, VEC]. WORDS (bf16 rows at 4-byte
+    alignment): loaded as 32-bit words, two logits each, widened by a shift (the low one) and a mask (the high one):
+    one instruction a logit, where the conversion compiles to a 16-bit unpack and then a shift (ptxas, sm_90). Exact:
+    bf16 widens to float32 by its bits. Pass 1 issues ~13 instructions a logit at 4-step spans, so this is ~1 in 13
+    (docs/perf-notes.md, "Session 35")."""
+    if WORDS:
+        w = tl.load((base + first).to(tl.pointer_type(tl.int32)) + words)
+        low = (w << 16).to(tl.float32, bitcast=True)
+        high = (w & -65536).to(tl.float32, bitcast=True)
+        return tl.reshape(tl.join(low, high), [TILE // VEC, VEC])  # (word j: columns 2j, 2j + 1)
+    else:
+        return tl.load(base + first + offsets).to(tl.float32)
 
 
 # --- pass 1: per-row (max, Σexp, argmax) partials -----------------------------------------------
@@ -224,7 +241,7 @@ def _row_stats_program(
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr,
-    SKIP_GREEDY_DRAFTS: tl.constexpr,
+    SKIP_GREEDY_DRAFTS: tl.constexpr, WORDS: tl.constexpr,
 ):
     """Pass 1's program (row, s), grid (B·(2γ+1), splits) in `_row_stats_kernel`: columns
     [s·span, min((s+1)·span, V)) of one row, TILE at a time, as TILE/VEC lanes of VEC adjacent logits (one 16-byte load a lane: VEC = 8 bf16 or 4 fp32).
@@ -271,15 +288,16 @@ def _row_stats_program(
             end = tl.where(tl.load(target_temp_ptr + b) == 0, start, end)
     lanes = tl.arange(0, TILE // VEC)
     offsets = lanes[:, None] * VEC + tl.arange(0, VEC)[None, :]  # [lanes, VEC]: one 16-byte load a lane
+    words = lanes[:, None] * (VEC // 2) + tl.arange(0, VEC // 2)[None, :]  # WORDS: the same bytes as 32-bit words
     m = tl.full([TILE // VEC], LOWEST, tl.float32)
     s = tl.zeros([TILE // VEC], tl.float32)
     arg = tl.full([TILE // VEC], NO_INDEX, tl.int32)
     full_tiles = (end - start) // TILE
     if full_tiles > 0:  # the span's whole tiles, no mask: the next tile loads while this one is folded in
-        x = tl.load(base + start + offsets).to(tl.float32)
+        x = _load_tile(base, start, offsets, words, WORDS, TILE, VEC)
         for t in range(1, full_tiles + 1):
             # the last step re-loads the last whole tile (an L1 hit) rather than read past the whole tiles
-            next_x = tl.load(base + start + tl.minimum(t, full_tiles - 1) * TILE + offsets).to(tl.float32)
+            next_x = _load_tile(base, start + tl.minimum(t, full_tiles - 1) * TILE, offsets, words, WORDS, TILE, VEC)
             m, s, arg = _fold_tile(x, m, s, arg, start + (t - 1) * TILE + lanes * VEC, scale, greedy, FTZ_EXP2)
             x = next_x
     tail = start + full_tiles * TILE
@@ -347,7 +365,7 @@ def _row_stats_kernel(
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
-    SKIP_GREEDY_DRAFTS: tl.constexpr,
+    SKIP_GREEDY_DRAFTS: tl.constexpr, WORDS: tl.constexpr,
 ):
     """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s. PDL: the kernel after it
     (launched with launch_pdl) may start its programs as soon as all of pass 1's have started."""
@@ -357,7 +375,7 @@ def _row_stats_kernel(
         stats_sum_ptr, stats_arg_ptr, row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr, draft_tokens_ptr,
         uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, timeline_ptr, seed, vocab, span,
         splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b, GAMMA, TILE, COMBINE,
-        SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE, SKIP_GREEDY_DRAFTS)
+        SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE, SKIP_GREEDY_DRAFTS, WORDS)
 
 
 @triton.jit
@@ -1196,7 +1214,7 @@ def _one_launch_kernel(
             arrivals_ptr, draft_tokens_ptr, uniforms_ptr, offsets_ptr, arrivals_ptr, arrivals_ptr, error_flags_ptr,
             done_ptr, seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b,
             stride_u_b, GAMMA, TILE, False, STATS_PAD, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH,
-            False, True)
+            False, True, False)
         tl.atomic_add(done_ptr + seq, 1, sem="release")  # after this program's partial
     else:
         done = tl.atomic_add(done_ptr + seq, 0, sem="acquire")
@@ -1559,14 +1577,19 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
 
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,
                   combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None,
-                  timeline: torch.Tensor | None = None, pdl: bool = False, skip_greedy_drafts: bool = False):
+                  timeline: torch.Tensor | None = None, pdl: bool = False, skip_greedy_drafts: bool = False,
+                  bf16_words: bool = True):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
     each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
     `_scan_in_pass_one`'s tensors: offsets, sequence_arrivals, stop, error_flags; and fast, seed) the
     sequence's last combined row also runs the accept scan (SCAN). With `timeline` (int64, PASS1_MARKS a program,
     zeroed), a timeline build (`_mark`). pdl: its programs let a kernel launched with launch_pdl after it start
-    (`_let_next_kernel_start`). skip_greedy_drafts (the token rule): greedy requests' draft rows are not read."""
+    (`_let_next_kernel_start`). skip_greedy_drafts (the token rule): greedy requests' draft rows are not read.
+    bf16_words (`_load_tile`): bf16 logits read as 32-bit words where every row of both tensors starts 4-byte aligned
+    (else, and for float32, as elements)."""
     batch, gamma, vocab = t.shape
+    words = bf16_words and all(x.element_size() == 2 and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0
+                               and x.stride(1) % 2 == 0 for x in (t.target_logits, t.draft_logits))
     combine = combined is not None
     device = t.draft_tokens.device
     if tile is not None and plan.tile is not None and tile != plan.tile:
@@ -1587,7 +1610,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
                 SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
                 VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
-                TIMELINE=timeline is not None, PDL=pdl, SKIP_GREEDY_DRAFTS=skip_greedy_drafts,
+                TIMELINE=timeline is not None, PDL=pdl, SKIP_GREEDY_DRAFTS=skip_greedy_drafts, WORDS=words,
                 num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
@@ -1598,7 +1621,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           scan: str | None = None, sample: str | None = None, combine: bool | None = None,
                           stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
                           lag: int | None = None, maxnreg: int | None = None, timeline: bool = False,
-                          pdl: bool | None = None, tokens_first: bool | None = None, lean_scan: bool = True):
+                          pdl: bool | None = None, tokens_first: bool | None = None, lean_scan: bool = True,
+                          bf16_words: bool = True):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1625,7 +1649,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     "Session 23" and "Session 24").
     lean_scan (the token rule's accept scan, in the race that scans and in the scan kernel): it combines only the rows
     it reads (`_position_stats`); False: all 2γ+1 rows, then picks. The same tokens but at near-ties (`_rows_stats`);
-    kept to time the two (docs/perf-notes.md, "Session 26")."""
+    kept to time the two (docs/perf-notes.md, "Session 26").
+    bf16_words (two launches): pass 1 reads bf16 rows as 32-bit words (`_stats_launch`); False, as elements, to time
+    the two (docs/perf-notes.md, "Session 35")."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
@@ -1640,6 +1666,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             raise ValueError("pdl overlaps one launch with the next: single=True has one launch")
         if tokens_first is not None or not lean_scan:
             raise ValueError("tokens_first and lean_scan shape the two-launch race: single=True has its own")
+        if not bf16_words:
+            raise ValueError("bf16_words shapes the two-launch pass 1: single=True reads elements")
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
     if lag is not None or maxnreg is not None:
         raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
@@ -1672,7 +1700,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                  combine, timeline, pdl, tokens_first, lean_scan)
+                                  combine, timeline, pdl, tokens_first, lean_scan, bf16_words)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
@@ -1683,7 +1711,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm, token_race=rule == "token")
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                          combine, timeline, pdl, tokens_first, lean_scan)
+                                          combine, timeline, pdl, tokens_first, lean_scan, bf16_words)
         # (from the kernels compiled with the first plans: the race's registers can move a little with its steps)
         launch.programs_per_sm = (stats_per_sm, race_per_sm)
     return launch
@@ -1692,7 +1720,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
                          sample: str | None, combine: bool, timeline: bool = False, pdl: bool = False,
-                         tokens_first: bool | None = None, lean_scan: bool = True):
+                         tokens_first: bool | None = None, lean_scan: bool = True, bf16_words: bool = True):
     """fused_logits_launcher with every choice made (tokens_first None: `default_tokens_first`)."""
     cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
@@ -1725,7 +1753,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                  torch.zeros(batch * race.programs * RACE_MARKS.value, dtype=torch.int64, device=device))
     stats_launch = _stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None,
                                  scan=pass_one_scan, timeline=None if marks is None else marks[0], pdl=pdl,
-                                 skip_greedy_drafts=rule == "token")
+                                 skip_greedy_drafts=rule == "token", bf16_words=bf16_words)
     launches = [stats_launch]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))

@@ -25,9 +25,9 @@ POINTER_TYPES = {  # the dtypes fused_logits_launcher passes (logits: bf16 here)
 SCALARS = {"seed": "i64"}  # every other scalar argument: i32
 
 
-def _compile(fn, constexprs: dict, aligned: bool = False):
+def _compile(fn, constexprs: dict, aligned: bool = False, divisible: tuple[str, ...] = ()):
     """aligned: every pointer marked 16-byte aligned, as Triton marks a launch's torch tensors (the integers are
-    left unmarked, as a count that is not a multiple of 16 is)."""
+    left unmarked, as a count that is not a multiple of 16 is, except those named in `divisible`)."""
     signature, attrs = {}, {}
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -38,6 +38,8 @@ def _compile(fn, constexprs: dict, aligned: bool = False):
                 attrs[(index,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = SCALARS.get(name, "i32")
+            if name in divisible:
+                attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=fn, signature=signature, attrs=attrs,
                        constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()})
     try:
@@ -60,14 +62,34 @@ def _kernels():
 @pytest.mark.parametrize("vec", [4, 8])  # float32 and bfloat16 logits: 16 bytes a lane
 @pytest.mark.parametrize("pdl", [True, False])  # programmatic dependent launch: pass 1 lets the next kernel start
 @pytest.mark.parametrize("skip", [True, False])  # greedy requests' draft rows not read (the token rule)
-def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, pdl, skip):
+@pytest.mark.parametrize("words", [False, True])  # bf16 rows read as 32-bit words (`_load_tile`)
+def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, pdl, skip, words):
     kernels = _kernels()
     constexprs = {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4, "SCAN": scan, "GAMMA_PAD": 8,
                   "R_PAD": 32, "PRECISE_MATH": True, "FAST": fast, "VEC": vec, "FTZ_EXP2": True, "TIMELINE": timeline,
-                  "PDL": pdl, "SKIP_GREEDY_DRAFTS": skip}
+                  "PDL": pdl, "SKIP_GREEDY_DRAFTS": skip, "WORDS": words and vec == 8}
     ptx = _compile(kernels._row_stats_kernel, constexprs).asm["ptx"]
     assert "_row_stats_kernel" in ptx and ("%globaltimer" in ptx) == timeline
     assert ("griddepcontrol.launch_dependents" in ptx) == pdl and "griddepcontrol.wait" not in ptx
+
+
+def test_bf16_words_widen_without_a_conversion():
+    """WORDS: pass 1's whole bf16 tiles are widened by a shift and a mask (`_load_tile`); only the masked last tile
+    converts (cvt.f32.bf16), so half the conversions of the element path remain (the kernel holds one whole-tile and
+    one tail copy of a tile's fold); the same 16-byte loads either way."""
+    kernels = _kernels()
+    constexprs = {"GAMMA": 4, "TILE": 2048, "COMBINE": False, "SPLITS_PAD": 16, "SCAN": False, "GAMMA_PAD": 4,
+                  "R_PAD": 16, "PRECISE_MATH": True, "FAST": True, "VEC": 8, "FTZ_EXP2": True, "TIMELINE": False,
+                  "PDL": True, "SKIP_GREEDY_DRAFTS": True, "WORDS": True}
+    # (a launch's row strides, span and vocabulary, multiples of 16 on the grid: so the whole tiles load 16 bytes a lane)
+    divisible = ("vocab", "span", "stride_p_b", "stride_p_row", "stride_q_b", "stride_q_row")
+    ptx = _compile(kernels._row_stats_kernel, constexprs, aligned=True, divisible=divisible).asm["ptx"]
+    plain = _compile(kernels._row_stats_kernel, {**constexprs, "WORDS": False}, aligned=True,
+                     divisible=divisible).asm["ptx"]
+    assert ptx.count("ld.global.v4.b32") == plain.count("ld.global.v4.b32") > 0
+    conversions = ptx.count("cvt.f32.bf16")
+    assert conversions == plain.count("cvt.f32.bf16") // 2 and ptx.count("-65536;") == conversions // 2
+    assert "-65536;" not in plain
 
 
 @pytest.mark.parametrize("rule,scan", [("token", "race"), ("token", "pass1"), ("token", "kernel"), ("block", "race")])

@@ -397,7 +397,8 @@ def _row_stats_failures(kernels) -> str | None:
     exactly), Σ exp(z - max) (relative 1e-5) and, on greedy rows, the first index of the max (exactly), for
     1, 3 and 5 splits of each row (2 to 10 tiles per split), unit-scale float32 and bf16 logits, a row whose
     last 100 logits are -inf (whole splits of them), a row starting with 50 -inf logits, a tie for the max on a greedy row, and a greedy row
-    whose every logit is the dtype's lowest finite value (-FLT_MAX in float32: the lanes' starting value)."""
+    whose every logit is the dtype's lowest finite value (-FLT_MAX in float32: the lanes' starting value). bf16 rows
+    read as elements and as 32-bit words (`_load_tile`)."""
     import torch
 
     from sdbench.ops.prob_verify_logits.workload import make_logits_workload
@@ -424,10 +425,10 @@ def _row_stats_failures(kernels) -> str | None:
         want_max = z.max(dim=2).values
         want_sum = torch.exp(z.double() - want_max.double()[..., None]).sum(dim=2)
         want_arg = rows.argmax(dim=2)  # the first index of the max
-        for span in (64, 128, 320):
+        for span, words in itertools.product((64, 128, 320), (False, True)):
             plan = kernels.StatsPlan(span=span, splits=-(-300 // span))
             stats = kernels.allocate_stats(3, 2, plan.splits, target.device)
-            kernels._stats_launch(inputs, stats, plan)()
+            kernels._stats_launch(inputs, stats, plan, bf16_words=words)()
             # (each row's partials `partials_stride` apart; the padding after them is never written)
             m, s, a = (part.view(3, 5, -1)[..., :plan.splits] for part in stats)
             got_max = m.max(dim=2).values
@@ -435,35 +436,35 @@ def _row_stats_failures(kernels) -> str | None:
             got_arg = torch.where(m == got_max[..., None], a, 2**31 - 1).min(dim=2).values
             greedy = temperature == 0
             if not torch.equal(got_max, want_max):
-                failures.append(f"{dtype} span {span}: max {got_max.tolist()} != {want_max.tolist()}")
+                failures.append(f"{dtype} span {span} words {words}: max {got_max.tolist()} != {want_max.tolist()}")
             if not torch.allclose(got_sum, want_sum, rtol=1e-5, atol=0):
-                failures.append(f"{dtype} span {span}: sum {got_sum.tolist()} != {want_sum.tolist()}")
+                failures.append(f"{dtype} span {span} words {words}: sum {got_sum.tolist()} != {want_sum.tolist()}")
             if not torch.equal(got_arg[greedy], want_arg[greedy].to(got_arg.dtype)):
-                failures.append(f"{dtype} span {span}: argmax {got_arg[greedy].tolist()} != {want_arg[greedy].tolist()}")
+                failures.append(f"{dtype} span {span} words {words}: argmax {got_arg[greedy].tolist()} != {want_arg[greedy].tolist()}")
             # COMBINE (fused_logits): each row's last program combines its partials in the kernel, twice in a row
             combined = kernels.allocate_stats(3, 2, 1, target.device) + (torch.zeros(15, dtype=torch.int32),)
             # (the partials poisoned first: the padding after each row's splits is never written, and must never
             # be read as a partial; a max of +inf there would win the row's max, a NaN sum would spread)
             partials = _poison(kernels.allocate_stats(3, 2, plan.splits, target.device))
-            launch = kernels._stats_launch(inputs, partials, plan, combined=combined)
+            launch = kernels._stats_launch(inputs, partials, plan, combined=combined, bf16_words=words)
             for call in range(2):
                 launch()
                 m, s, a, arrivals = (part.view(3, 5) for part in combined)
                 if not (torch.equal(m, want_max) and torch.allclose(s.double(), want_sum, rtol=1e-5, atol=0)
                         and torch.equal(a[greedy], want_arg[greedy].to(a.dtype)) and not arrivals.any()):
-                    failures.append(f"{dtype} span {span} call {call}: combined {m.tolist()}, {s.tolist()}, "
+                    failures.append(f"{dtype} span {span} words {words} call {call}: combined {m.tolist()}, {s.tolist()}, "
                                     f"{a.tolist()}, arrivals {arrivals.tolist()}")
             # the token rule's skip: a greedy request's draft rows (request 0's rows 3 and 4) sweep an empty span and
             # leave (-inf, 0, no index) in every split; every other partial is the one read above, bit for bit
             skipped = kernels.allocate_stats(3, 2, plan.splits, target.device)
-            kernels._stats_launch(inputs, skipped, plan, skip_greedy_drafts=True)()
+            kernels._stats_launch(inputs, skipped, plan, skip_greedy_drafts=True, bf16_words=words)()
             empty = torch.zeros(3, 5, dtype=torch.bool)
             empty[0, 3:] = True
             for name, part, read, blank in zip(("max", "sum", "arg"), skipped, stats, (float("-inf"), 0.0, 2**31 - 1),
                                                strict=True):
                 part, read = part.view(3, 5, -1)[..., :plan.splits], read.view(3, 5, -1)[..., :plan.splits]
                 if not (bool((part[empty] == blank).all()) and torch.equal(part[~empty], read[~empty])):
-                    failures.append(f"{dtype} span {span}: skipped {name} partials {part.tolist()}")
+                    failures.append(f"{dtype} span {span} words {words}: skipped {name} partials {part.tolist()}")
     return "; ".join(failures) or None
 
 
