@@ -201,8 +201,8 @@ def _wait_for_prior_kernel(PDL: tl.constexpr):
 def _fold_tile(x, m, s, arg, first_cols, scale, greedy, FTZ: tl.constexpr):
     """Fold one tile x [lanes, VEC] into each lane's running max m, Σ2^((x - m)·scale) s and (greedy rows)
     first argmax, over the lane's VEC logits at once: a max over VEC values in one thread, then one
-    exp2 per logit and one per lane to rescale s (six instructions a logit, bf16's conversion included,
-    against twelve for a running max per logit). m runs on the raw logits; -FLT_MAX start, so a -inf
+    exp2 per logit and one per lane to rescale s (ptxas for sm_90 with Triton 3.9: 8.5 instructions a logit with bf16's
+    conversion as an unpack and a shift, 7.6 with `_load_tile`'s words; a running max per logit took about twice). m runs on the raw logits; -FLT_MAX start, so a -inf
     logit adds 2^-inf = 0 and never NaN. (The exponent as one FFMA, x·scale - m·scale, was measured and lost
     on the H200, and a row at -FLT_MAX overflows m·scale: docs/perf-notes.md, "Session 35".)"""
     tile_max = tl.max(x, axis=1)
@@ -1575,21 +1575,28 @@ def allocate_stats(batch: int, gamma: int, splits: int, device: torch.device) ->
             torch.zeros(count, dtype=torch.int32, device=device))
 
 
+def bf16_words_apply(t: LogitsTensors, span: int) -> bool:
+    """Whether pass 1 can read these logits as 32-bit words (`_load_tile`): bf16, and every tile of every row of both
+    tensors starts 4-byte aligned (a 4-byte aligned base, even strides, and an even span: a split starts at
+    split · span, its tiles a whole step apart)."""
+    return span % 2 == 0 and all(x.element_size() == 2 and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0
+                                 and x.stride(1) % 2 == 0 for x in (t.target_logits, t.draft_logits))
+
+
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,
                   combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None,
                   timeline: torch.Tensor | None = None, pdl: bool = False, skip_greedy_drafts: bool = False,
-                  bf16_words: bool = True):
+                  bf16_words: bool = False):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
     each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
     `_scan_in_pass_one`'s tensors: offsets, sequence_arrivals, stop, error_flags; and fast, seed) the
     sequence's last combined row also runs the accept scan (SCAN). With `timeline` (int64, PASS1_MARKS a program,
     zeroed), a timeline build (`_mark`). pdl: its programs let a kernel launched with launch_pdl after it start
     (`_let_next_kernel_start`). skip_greedy_drafts (the token rule): greedy requests' draft rows are not read.
-    bf16_words (`_load_tile`): bf16 logits read as 32-bit words where every row of both tensors starts 4-byte aligned
-    (else, and for float32, as elements)."""
+    bf16_words (`_load_tile`): bf16 logits read as 32-bit words where `bf16_words_apply` (else, and for float32, as
+    elements); its callers name it."""
     batch, gamma, vocab = t.shape
-    words = bf16_words and all(x.element_size() == 2 and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0
-                               and x.stride(1) % 2 == 0 for x in (t.target_logits, t.draft_logits))
+    words = bf16_words and bf16_words_apply(t, plan.span)
     combine = combined is not None
     device = t.draft_tokens.device
     if tile is not None and plan.tile is not None and tile != plan.tile:
@@ -1622,7 +1629,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
                           lag: int | None = None, maxnreg: int | None = None, timeline: bool = False,
                           pdl: bool | None = None, tokens_first: bool | None = None, lean_scan: bool = True,
-                          bf16_words: bool = True):
+                          bf16_words: bool | None = None):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1650,8 +1657,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     lean_scan (the token rule's accept scan, in the race that scans and in the scan kernel): it combines only the rows
     it reads (`_position_stats`); False: all 2γ+1 rows, then picks. The same tokens but at near-ties (`_rows_stats`);
     kept to time the two (docs/perf-notes.md, "Session 26").
-    bf16_words (two launches): pass 1 reads bf16 rows as 32-bit words (`_stats_launch`); False, as elements, to time
-    the two (docs/perf-notes.md, "Session 35")."""
+    bf16_words (two launches): pass 1 reads bf16 rows as 32-bit words where they are aligned for it (`_stats_launch`;
+    None: it does); False, as elements, to time the two (docs/perf-notes.md, "Session 35")."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
@@ -1666,11 +1673,12 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             raise ValueError("pdl overlaps one launch with the next: single=True has one launch")
         if tokens_first is not None or not lean_scan:
             raise ValueError("tokens_first and lean_scan shape the two-launch race: single=True has its own")
-        if not bf16_words:
+        if bf16_words is not None:
             raise ValueError("bf16_words shapes the two-launch pass 1: single=True reads elements")
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
     if lag is not None or maxnreg is not None:
         raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
+    bf16_words = bf16_words is None or bf16_words
     if timeline and (stats_plan_ is None or race_plan is None):
         # (planned here, the timeline kernels' own registers would size its plans, not the shipped kernels')
         raise ValueError("a timeline build mirrors a launch: give it that launch's stats_plan_ and race_plan")
@@ -1900,7 +1908,8 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
     # elsewhere (H200, bf16; docs/perf-notes.md, "Session 15")
     # greedy requests' draft rows skipped as fused_logits skips them (the token rule; the same pass-1 kernel): a peer
     # no slower for it, whatever vLLM itself reads
-    stats_launch = _stats_launch(t, stats, plan, tile=min(block, STATS_TILE), skip_greedy_drafts=True)
+    # bf16 rows read as words where aligned, as fused_logits' pass 1 reads them (session 35): the peer keeps sharing it
+    stats_launch = _stats_launch(t, stats, plan, tile=min(block, STATS_TILE), skip_greedy_drafts=True, bf16_words=True)
     scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
                  t.uniforms, *stats, stop, stop_stats, offsets, stop, seed, plan.splits, vocab,  # (no flags: stop stands in)
                  t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),

@@ -181,6 +181,33 @@ def test_pass_one_compiles_the_plans_step(dtype, step):
         kernels._stats_launch(t, stats, kernels.StatsPlan(8192, 1, 4096), tile=1024)
 
 
+def _with_logits(t, target, draft):
+    return kernels.LogitsTensors(t.draft_tokens, target, draft, t.target_temperature, t.draft_temperature, t.uniforms,
+                                 t.exponential_noise)
+
+
+def test_pass_one_reads_bf16_as_words_only_where_every_tile_is_aligned():
+    """WORDS (`_load_tile` reads 32-bit words) only for bf16 whose every tile starts 4-byte aligned in both tensors,
+    and only where asked: an odd vocabulary (odd strides), a base one element in, an odd span and float32 read elements
+    (a word load there would fault on the GPU; the interpreter would read it anyway). Nothing is launched here."""
+    t = _logits_tensors(torch.bfloat16)
+    stats = kernels.allocate_stats(2, 3, 2, torch.device("cpu"))
+    plan = kernels.StatsPlan(4096, 2)
+
+    def words(tensors, span=4096, asked=True):
+        return kernels._stats_launch(tensors, stats, kernels.StatsPlan(span, 2), bf16_words=asked)._meta["WORDS"]
+
+    assert words(t) and not words(t, asked=False)
+    assert not kernels._stats_launch(t, stats, plan)._meta["WORDS"]  # (callers name it: fused_logits and the peer do)
+    assert not words(_logits_tensors(torch.float32))
+    odd = torch.zeros(2, 4, 5001, dtype=torch.bfloat16)[..., :5000]  # rows 5001 elements apart
+    assert not words(_with_logits(t, odd, t.draft_logits))
+    assert not words(_with_logits(t, t.target_logits, torch.zeros(2, 3, 5001, dtype=torch.bfloat16)[..., 1:]))
+    shifted = torch.zeros(2 * 4 * 5000 + 1, dtype=torch.bfloat16)[1:].view(2, 4, 5000)  # the base 2 bytes in
+    assert shifted.data_ptr() % 4 == 2 and not words(_with_logits(t, shifted, t.draft_logits))
+    assert words(t, span=4096 + 2) and not words(t, span=4096 + 1)
+
+
 def test_a_split_cap_needs_the_default_plan():
     t = _logits_tensors(torch.float32)
     with pytest.raises(ValueError, match="stats_max_splits"):
