@@ -14,8 +14,8 @@ below one wave),
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
 unless a scan is named), `pdl` / `nopdl` (the scan kernel and the race launched with programmatic dependent
 launch, or not), `tokens-first` / `tokens-last` (a race that scans loads the draft tokens' logits before or after
-the rows' stats), `lean` / `nolean` (the accept scan combines only the rows it reads, or all 2γ+1 then picks), `words` / `nowords`
-(pass 1 reads bf16 rows as 32-bit words, or as elements),
+the rows' stats), `lean` / `nolean` (the accept scan combines only the rows it reads, or all 2γ+1 then picks),
+`words` / `nowords` (pass 1 reads bf16 rows as 32-bit words, or as elements),
 `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`, `r<ROWS>x<N>`,
 `lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N registers a
 thread); `default` changes nothing.

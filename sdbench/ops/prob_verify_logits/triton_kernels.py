@@ -201,10 +201,11 @@ def _wait_for_prior_kernel(PDL: tl.constexpr):
 def _fold_tile(x, m, s, arg, first_cols, scale, greedy, FTZ: tl.constexpr):
     """Fold one tile x [lanes, VEC] into each lane's running max m, Σ2^((x - m)·scale) s and (greedy rows)
     first argmax, over the lane's VEC logits at once: a max over VEC values in one thread, then one
-    exp2 per logit and one per lane to rescale s (ptxas for sm_90 with Triton 3.9: 8.5 instructions a logit with bf16's
-    conversion as an unpack and a shift, 7.6 with `_load_tile`'s words; a running max per logit took about twice). m runs on the raw logits; -FLT_MAX start, so a -inf
-    logit adds 2^-inf = 0 and never NaN. (The exponent as one FFMA, x·scale - m·scale, was measured and lost
-    on the H200, and a row at -FLT_MAX overflows m·scale: docs/perf-notes.md, "Session 35".)"""
+    exp2 per logit and one per lane to rescale s (ptxas for sm_90 with Triton 3.9: 8.5 instructions a logit with
+    bf16's conversion as an unpack and a shift, 7.6 with `_load_tile`'s words; a running max per logit took about
+    twice). m runs on the raw logits; -FLT_MAX start, so a -inf logit adds 2^-inf = 0 and never NaN. (The exponent
+    as one FFMA, x·scale - m·scale, was measured and lost on the H200, and a row at -FLT_MAX overflows m·scale:
+    docs/perf-notes.md, "Session 35".)"""
     tile_max = tl.max(x, axis=1)
     grown = tl.maximum(m, tile_max)
     terms = _exp2((x - grown[:, None]) * scale, FTZ)
@@ -1909,7 +1910,8 @@ def vllm_v2_style_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], f
     # greedy requests' draft rows skipped as fused_logits skips them (the token rule; the same pass-1 kernel): a peer
     # no slower for it, whatever vLLM itself reads
     # bf16 rows read as words where aligned, as fused_logits' pass 1 reads them (session 35): the peer keeps sharing it
-    stats_launch = _stats_launch(t, stats, plan, tile=min(block, STATS_TILE), skip_greedy_drafts=True, bf16_words=True)
+    stats_launch = _stats_launch(t, stats, plan, tile=min(block, STATS_TILE), skip_greedy_drafts=True,
+                                 bf16_words=True)
     scan_args = (t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature,
                  t.uniforms, *stats, stop, stop_stats, offsets, stop, seed, plan.splits, vocab,  # (no flags: stop stands in)
                  t.draft_tokens.stride(0), t.target_logits.stride(0), t.target_logits.stride(1),
