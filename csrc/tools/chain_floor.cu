@@ -90,6 +90,7 @@ struct Lanes;  // the elements of a 16-byte unit, as floats
 template <>
 struct Lanes<float> {
   static constexpr int kCount = 4;
+  static constexpr unsigned kMinusInf = 0xff800000u;  // a 32-bit word of -inf lanes
   __device__ __forceinline__ static void unpack(const uint4& word, float (&out)[4]) {
     out[0] = __uint_as_float(word.x), out[1] = __uint_as_float(word.y);
     out[2] = __uint_as_float(word.z), out[3] = __uint_as_float(word.w);
@@ -98,6 +99,7 @@ struct Lanes<float> {
 template <>
 struct Lanes<__nv_bfloat16> {
   static constexpr int kCount = 8;
+  static constexpr unsigned kMinusInf = 0xff80ff80u;
   __device__ __forceinline__ static void unpack(const uint4& word, float (&out)[8]) {
     const unsigned parts[4] = {word.x, word.y, word.z, word.w};
 #pragma unroll
@@ -145,20 +147,23 @@ __global__ void __launch_bounds__(kThreads) rows_max_kernel(const uint4* __restr
   }
   const uint4* source = row < target_rows ? target + row * row_units : draft + (row - target_rows) * row_units;
   const int first = blockIdx.x * kThreads * kUnits + threadIdx.x;
+  // A unit past the row reads as -inf lanes, so the fold has no branch: with one around each unit's fold, ptxas sank
+  // loads behind the folds before them (ac9ffe7's bf16 build issued 5 of its 8 loads up front, and the floors ran
+  // 0.5-1.5 µs slower than 6807e09's, which issued 7; docs/perf-notes.md, "Session 35").
+  constexpr unsigned kEmpty = Lanes<T>::kMinusInf;
   uint4 word[kUnits];
 #pragma unroll
   for (int u = 0; u < kUnits; ++u) {
-    if (first + u * kThreads < row_units) word[u] = __ldg(source + first + u * kThreads);
+    word[u] = first + u * kThreads < row_units ? __ldg(source + first + u * kThreads)
+                                               : make_uint4(kEmpty, kEmpty, kEmpty, kEmpty);
   }
   float best = -INFINITY;
 #pragma unroll
   for (int u = 0; u < kUnits; ++u) {
-    if (first + u * kThreads < row_units) {
-      float value[Lanes<T>::kCount];
-      Lanes<T>::unpack(word[u], value);
+    float value[Lanes<T>::kCount];
+    Lanes<T>::unpack(word[u], value);
 #pragma unroll
-      for (int i = 0; i < Lanes<T>::kCount; ++i) best = fmaxf(best, value[i]);
-    }
+    for (int i = 0; i < Lanes<T>::kCount; ++i) best = fmaxf(best, value[i]);
   }
   best = block_max(best, s_warp);
   if (threadIdx.x == 0) {
@@ -204,29 +209,30 @@ __global__ void __launch_bounds__(kThreads) race_kernel(const uint4* __restrict_
   const uint4* t_row = target + (seq * (gamma + 1) + k) * row_units;
   const uint4* d_row = draft + (seq * gamma + k) * row_units;  // read only where k < gamma
   const int first = blockIdx.x * kThreads * kUnits + threadIdx.x;
+  // Every load before the first fold, as in rows_max_kernel: with a branch around each unit's fold, ptxas issued 2 of
+  // a thread's loads before its first fold (docs/perf-notes.md, "Session 35"). A unit past the row reads as -inf target
+  // lanes, and the draft as 0 there and at k = gamma (t - 0 = t exactly): its keys are -inf's, which lose to any
+  // number in the row, and tie with a -inf there at a larger index, so they lose that too.
+  constexpr unsigned kEmpty = Lanes<T>::kMinusInf;
   uint4 t_word[kUnits], d_word[kUnits];
 #pragma unroll
   for (int u = 0; u < kUnits; ++u) {
-    if (first + u * kThreads < row_units) {
-      t_word[u] = __ldg(t_row + first + u * kThreads);
-      if (k < gamma) d_word[u] = __ldg(d_row + first + u * kThreads);
-    }
+    const bool in_row = first + u * kThreads < row_units;
+    t_word[u] = in_row ? __ldg(t_row + first + u * kThreads) : make_uint4(kEmpty, kEmpty, kEmpty, kEmpty);
+    d_word[u] = in_row && k < gamma ? __ldg(d_row + first + u * kThreads) : make_uint4(0u, 0u, 0u, 0u);
   }
   unsigned long long best = 0;
 #pragma unroll
   for (int u = 0; u < kUnits; ++u) {
     const int unit = first + u * kThreads;
-    if (unit < row_units) {
-      float t[Lanes<T>::kCount], d[Lanes<T>::kCount];
-      Lanes<T>::unpack(t_word[u], t);
-      if (k < gamma) Lanes<T>::unpack(d_word[u], d);
+    float t[Lanes<T>::kCount], d[Lanes<T>::kCount];
+    Lanes<T>::unpack(t_word[u], t);
+    Lanes<T>::unpack(d_word[u], d);
 #pragma unroll
-      for (int i = 0; i < Lanes<T>::kCount; ++i) {
-        const float value = k < gamma ? t[i] - d[i] : t[i];
-        const unsigned index = static_cast<unsigned>(unit * Lanes<T>::kCount + i);
-        const unsigned long long key = (static_cast<unsigned long long>(ordered_bits(value)) << 32) | ~index;
-        best = key > best ? key : best;
-      }
+    for (int i = 0; i < Lanes<T>::kCount; ++i) {
+      const unsigned index = static_cast<unsigned>(unit * Lanes<T>::kCount + i);
+      const unsigned long long key = (static_cast<unsigned long long>(ordered_bits(t[i] - d[i])) << 32) | ~index;
+      best = key > best ? key : best;
     }
   }
   for (int delta = 16; delta > 0; delta >>= 1) {

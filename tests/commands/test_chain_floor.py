@@ -2,6 +2,10 @@
 pick its race floor is checked against, here; the floor kernels themselves against the references in
 tests/gpu/test_chain_floor_gpu.py."""
 
+import re
+import shutil
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +28,48 @@ def test_the_floor_kernels_compile_without_spills():
     names = {kernel["kernel"].split("<")[0].rsplit("::", 1)[-1] for kernel in kernels}
     assert {"copy_kernel", "gather_kernel", "rows_max_kernel", "race_kernel"} <= names, names
     assert not [k for k in kernels if k["spill_store_bytes"] or k["spill_load_bytes"] or k["stack_bytes"]]
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump beside nvcc, on PATH, or the one Triton ships (its CUDA backend's bin/)."""
+    nvcc = ext.nvcc_path()
+    candidates = [] if nvcc is None else [Path(nvcc).resolve().parent / "cuobjdump"]
+    on_path = shutil.which("cuobjdump")
+    candidates += [Path(on_path)] if on_path else []
+    try:
+        import triton
+
+        candidates.append(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+    except ImportError:
+        pass
+    return next((str(path) for path in candidates if path.exists()), None)
+
+
+@NO_NVCC
+def test_the_floors_pass_one_and_race_issue_every_load_before_their_first_fold(tmp_path):
+    """A floor's thread issues all its loads before it folds any (session 35: with a branch around each unit's fold,
+    ptxas sank loads behind the folds before them, and the bf16 floors ran 0.5-1.5 µs slower): in the SASS of every
+    rows_max_kernel and race_kernel instantiation, no branch comes between the first 16-byte load and the last."""
+    cuobjdump = _cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found beside nvcc, on PATH or in Triton's CUDA backend")
+    [result] = ext.compile_sources("sm_90", out_dir=tmp_path, paths=[chain_floor.SOURCE])
+    assert result.returncode == 0, ext.trim_build_error(result.output)
+    sass = subprocess.run([cuobjdump, "-sass", str(tmp_path / f"{chain_floor.SOURCE.stem}.o")], capture_output=True,
+                          text=True, check=True).stdout
+    kernels = re.split(r"\n\s*Function : ", sass)[1:]
+    checked = 0
+    for kernel in kernels:
+        name = kernel.split("\n", 1)[0]
+        if "rows_max_kernel" not in name and "race_kernel" not in name:
+            continue
+        lines = [line for line in kernel.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+        loads = [i for i, line in enumerate(lines) if "LDG.E.128" in line]
+        assert loads, name
+        branches = [i for i in range(loads[0], loads[-1]) if re.search(r"\bBRA\b", lines[i])]
+        assert not branches, (name, [lines[i].strip() for i in branches])
+        checked += 1
+    assert checked >= 8, checked  # two element types, two unit counts, two kernels
 
 
 @NO_NVCC
