@@ -29,7 +29,8 @@ design; without programmatic dependent launch unless the variant names `pdl`, wh
 1 and wait there), run --iters times; a line per (point, variant, L2) of µs medians over the calls: pass 1's span (first
 entry to last partial), when half and 90% of its programs were done, the gap to the race's first entry, and the
 race's phases (the median program's: entry to row k's normalisers, its chunks, its arrival; the last arrival's
-draw and the race's span, first entry to last outputs' values).
+draw and the race's span, first entry to last outputs' values), and where pass 1's tail comes from (`pass1_tail`:
+when the first SM was done, programs an SM ran, and when half the target-row, draft-row and last-split programs were).
 """
 
 from __future__ import annotations
@@ -157,11 +158,14 @@ def per_call_busy_us(spans: list[tuple[int, int]], calls: int) -> list[float]:
     return [busy_us(spans[i * per_call:(i + 1) * per_call]) for i in range(calls)]
 
 
-def timeline_phases(pass1: torch.Tensor, race: torch.Tensor, read: torch.Tensor | None = None) -> dict[str, float]:
+def timeline_phases(pass1: torch.Tensor, race: torch.Tensor, read: torch.Tensor | None = None,
+                    gamma: int | None = None, splits: int | None = None) -> dict[str, float]:
     """One call's marks (`fused_logits_launcher(timeline=True)`'s `launch.timeline`, on the host) as µs phases.
     read (bool, one a pass-1 program, `pass1_reads`): pass 1's phases over the programs that read their span only (a
-    greedy target's draft-row programs read nothing and finish at once)."""
-    p = pass1.view(-1, tk.PASS1_MARKS.value).double() / 1000.0
+    greedy target's draft-row programs read nothing and finish at once). With gamma and splits, also where pass 1's
+    tail comes from (`pass1_tail`)."""
+    marks = pass1.view(-1, tk.PASS1_MARKS.value)
+    p = marks.double() / 1000.0
     if read is not None:
         p = p[read]
     r = race.view(-1, tk.RACE_MARKS.value).double() / 1000.0
@@ -182,7 +186,37 @@ def timeline_phases(pass1: torch.Tensor, race: torch.Tensor, read: torch.Tensor 
         last_arrival=float((r[last, 3] - race_start).median()),
         race_span=float(r[last, 4].max() - race_start),
     )
+    if gamma is not None and splits is not None:
+        phases.update(pass1_tail(marks, gamma, splits, read))
     return phases
+
+
+def pass1_tail(marks: torch.Tensor, gamma: int, splits: int, read: torch.Tensor | None = None) -> dict[str, float]:
+    """Where pass 1's tail comes from, from one call's marks [programs, PASS1_MARKS] (entry ns, partial ns, SM), in
+    program order (row-major, then split; a row r <= gamma of a sequence is a target row), over the programs that
+    read (`read`). µs after the first entry, like `timeline_phases`' pass-1 columns:
+    - sm_done_first: when the first SM had finished all its programs (the last SM's is pass1_span). Near pass1_span,
+      the SMs end together and the tail is inside each SM; well below it, some SMs held more or slower work.
+    - sm_programs_min / sm_programs_max: how many programs an SM ran.
+    - target_half / draft_half: when half the target-row / draft-row programs were done (nan where none read).
+    - last_split_half: when half the programs of each row's last split (the short one where V is not a multiple of
+      the span) were done."""
+    index = torch.arange(marks.shape[0])
+    target = (index // splits) % (2 * gamma + 1) <= gamma
+    last_split = index % splits == splits - 1
+    if read is not None:
+        marks, target, last_split = marks[read], target[read], last_split[read]
+    done = (marks[:, 1] - marks[:, 0].min()).double() / 1000.0
+    sm = marks[:, 2]
+    sm_done = [float(done[sm == s].max()) for s in sm.unique()]
+    counts = torch.bincount(sm - sm.min())
+    counts = counts[counts > 0]
+
+    def half(chosen: torch.Tensor) -> float:
+        return float(done[chosen].sort().values[int(chosen.sum()) // 2]) if chosen.any() else float("nan")
+
+    return dict(sm_done_first=min(sm_done), sm_programs_min=float(counts.min()), sm_programs_max=float(counts.max()),
+                target_half=half(target), draft_half=half(~target), last_split_half=half(last_split))
 
 
 def pass1_reads(target_temperature: torch.Tensor, gamma: int, splits: int) -> torch.Tensor:
@@ -194,8 +228,10 @@ def pass1_reads(target_temperature: torch.Tensor, gamma: int, splits: int) -> to
     return rows.flatten().repeat_interleave(splits)
 
 
-def timeline_us(run, iters: int, flush=None, read: torch.Tensor | None = None) -> dict[str, float]:
-    """Medians over `iters` calls of `timeline_phases` (each call after `flush` if given; read: `pass1_reads`)."""
+def timeline_us(run, iters: int, flush=None, read: torch.Tensor | None = None, gamma: int | None = None,
+                splits: int | None = None) -> dict[str, float]:
+    """Medians over `iters` calls of `timeline_phases` (each call after `flush` if given; read: `pass1_reads`; gamma
+    and splits: with `pass1_tail`'s columns)."""
     calls = []
     for i in range(iters + 2):
         for marks in run.timeline:
@@ -205,7 +241,8 @@ def timeline_us(run, iters: int, flush=None, read: torch.Tensor | None = None) -
         run()
         torch.cuda.synchronize()
         if i >= 2:  # two warm-up calls
-            calls.append(timeline_phases(*(marks.cpu() for marks in run.timeline), read=read))
+            calls.append(timeline_phases(*(marks.cpu() for marks in run.timeline), read=read, gamma=gamma,
+                                         splits=splits))
     return {key: statistics.median_high([call[key] for call in calls]) for key in calls[0]}
 
 
@@ -289,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items())
                       + (f" | splits {plan['splits']}" if plan else ""), flush=True)
                 if variant in timelines:
-                    read = pass1_reads(w.target_temperature, gamma, timelines[variant].plans[0].splits)
-                    phases = timeline_us(timelines[variant], args.iters, flushes[l2], read)
+                    splits = timelines[variant].plans[0].splits
+                    read = pass1_reads(w.target_temperature, gamma, splits)
+                    phases = timeline_us(timelines[variant], args.iters, flushes[l2], read, gamma, splits)
                     rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant,
                                      timeline=phases))
                     print(f"{'':4s} timeline {variant}: " + " ".join(f"{k}={v:.2f}" for k, v in phases.items()),

@@ -115,6 +115,38 @@ def test_timeline_phases_read_the_marks():
     assert timeline_phases(skipped, race)["pass1_half"] == pytest.approx(4.0)  # counted, it moves the middle
 
 
+def test_pass1_tail_reads_the_marks_by_sm_row_and_split():
+    """One sequence at γ = 1 (rows: target 0, 1, draft 2), two splits: six programs on three SMs, marks in ns. The
+    columns are checked against values worked out by hand from the marks."""
+    import math
+
+    import torch
+
+    from sdbench.commands.logits_kernels import pass1_tail, timeline_phases
+
+    # (entry, partial computed, SM, unused), program order: (row 0, split 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)
+    pass1 = torch.tensor([[1000, 3000, 7, 0], [1000, 2000, 7, 0],
+                          [1100, 6000, 8, 0], [1100, 4000, 9, 0],
+                          [1200, 9000, 9, 0], [1200, 5000, 9, 0]], dtype=torch.int64)
+    tail = pass1_tail(pass1, gamma=1, splits=2)
+    # SM 7 done at 2.0 µs after the first entry, SM 8 at 5.0, SM 9 at 8.0; SMs ran 2, 1 and 3 programs
+    assert tail["sm_done_first"] == pytest.approx(2.0)
+    assert (tail["sm_programs_min"], tail["sm_programs_max"]) == (1.0, 3.0)
+    # target rows done at 2.0, 1.0, 5.0, 3.0 (upper middle 3.0); draft at 8.0, 4.0 (8.0); last splits 1.0, 3.0, 4.0
+    assert tail["target_half"] == pytest.approx(3.0) and tail["draft_half"] == pytest.approx(8.0)
+    assert tail["last_split_half"] == pytest.approx(3.0)
+    # the draft row read nothing (a greedy target): left out, its SM's count and done time with it
+    read = torch.tensor([True, True, True, True, False, False])
+    skipped = pass1_tail(pass1, gamma=1, splits=2, read=read)
+    assert math.isnan(skipped["draft_half"]) and skipped["sm_programs_max"] == 2.0
+    assert skipped["target_half"] == pytest.approx(3.0) and skipped["sm_done_first"] == pytest.approx(2.0)
+    # timeline_phases adds these columns only when it is given γ and the splits
+    race = torch.tensor([[9000, 9500, 10000, 10300, 11000, 1, 1, 0]], dtype=torch.int64).flatten()
+    assert "sm_done_first" not in timeline_phases(pass1.flatten(), race)
+    with_tail = timeline_phases(pass1.flatten(), race, gamma=1, splits=2)
+    assert {key: with_tail[key] for key in tail} == tail
+
+
 def test_pass1_reads_marks_the_draft_rows_of_greedy_targets():
     import torch
 
