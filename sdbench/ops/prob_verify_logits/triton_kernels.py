@@ -1679,7 +1679,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
     if lag is not None or maxnreg is not None:
         raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
-    bf16_words = bf16_words is None or bf16_words
+    bf16_words = True if bf16_words is None else bf16_words  # (None only so that single=True can refuse a choice)
     if timeline and (stats_plan_ is None or race_plan is None):
         # (planned here, the timeline kernels' own registers would size its plans, not the shipped kernels')
         raise ValueError("a timeline build mirrors a launch: give it that launch's stats_plan_ and race_plan")
