@@ -15,7 +15,8 @@ below one wave),
 unless a scan is named), `pdl` / `nopdl` (the scan kernel and the race launched with programmatic dependent
 launch, or not), `tokens-first` / `tokens-last` (a race that scans loads the draft tokens' logits before or after
 the rows' stats), `lean` / `nolean` (the accept scan combines only the rows it reads, or all 2γ+1 then picks),
-`words` / `nowords` (pass 1 reads bf16 rows as 32-bit words, or as elements),
+`words` / `nowords` (pass 1 reads bf16 rows as 32-bit words, or as elements), `readfirst` / `roworder` (pass 1's
+reading programs launch before the ones greedy requests' draft rows leave empty, or in row order),
 `one` (pass 1 and the race in one launch, `_one_launch_kernel`; with `span<N>`, `pps<N>`, `r<ROWS>x<N>`,
 `lag<N>`: N sequences between a sequence's pass 1 and its race, B at most, and `reg<N>`: at most N registers a
 thread); `default` changes nothing.
@@ -94,6 +95,8 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             changes["single"] = True
         elif part in ("words", "nowords"):
             changes["bf16_words"] = part == "words"
+        elif part in ("readfirst", "roworder"):
+            changes["read_first"] = part == "readfirst"
         elif part.startswith("reg"):
             changes["maxnreg"] = int(part[3:])
         elif part.startswith("lag"):
@@ -266,7 +269,7 @@ def _launches(variant: str, w, batch: int, gamma: int, vocab: int, sms: int, tim
 def launch_choices(run) -> dict | None:
     """What a fused_logits launch resolved (where the scan runs, who combines, PDL, the race's load order), so a
     row says what its variant ran whatever the defaults were then; None for a launch that has none."""
-    names = ("scan", "combine", "pdl", "tokens_first", "lean_scan")
+    names = ("scan", "combine", "pdl", "tokens_first", "lean_scan", "read_first")
     return {name: getattr(run, name) for name in names if hasattr(run, name)} or None
 
 

@@ -47,6 +47,11 @@ def test_pass_one_programs_per_sm():
     assert plan.splits * 33 <= 16 * 132 and plan.splits * plan.span >= 128256
 
 
+def test_read_first_parts():
+    assert plan_changes("roworder", 32, 8, 32000, 132) == {"read_first": False}
+    assert plan_changes("readfirst+nowords", 32, 8, 32000, 132) == {"read_first": True, "bf16_words": False}
+
+
 def test_words_parts():
     assert plan_changes("nowords", 32, 8, 128256, 132) == {"bf16_words": False}
     assert plan_changes("words+scan-race", 32, 8, 128256, 132) == {"bf16_words": True, "scan": "race"}

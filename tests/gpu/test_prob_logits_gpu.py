@@ -203,6 +203,54 @@ def test_reading_only_the_needed_rows_changes_no_output(point, randomness):
         assert not torch.equal(first[0]["output_tokens"], first[1]["output_tokens"])  # each call draws afresh
 
 
+@pytest.mark.parametrize("randomness", ["fast", "supplied"])
+@pytest.mark.parametrize("point", [(32, 8, 32000, "bfloat16", (0.0, 0.7, 1.0, 1.3)), (128, 4, 32000, "float32", (0.0, 1.0)),
+                                   (1024, 4, 4096, "bfloat16", (0.0, 0.7, 1.0, 1.3)),
+                                   (32, 16, 32000, "bfloat16", (0.0,)), (7, 3, 50000, "float32", (1.0,))],
+                         ids=lambda p: "b{}-g{}-v{}-{}-t{}".format(*p[:4], len(p[4])))
+def test_reading_programs_first_changes_no_output(point, randomness):
+    """Pass 1's reading programs launched first (`_read_first`, an option up to B = READ_FIRST_MAX_BATCH) against
+    row order (the default): the same tokens, lengths and flags bit for bit (the same partials, computed by other programs), for
+    three calls in a row, eager and replayed in a graph. Mixed batches (one request in four greedy, one in two),
+    all greedy, all sampled, the largest batch it applies to (b = 1024) and a batch that pads (7). The launch
+    reports the order it ran; supplied randomness, the reference agrees."""
+    from sdbench.ops.prob_verify_logits import reference
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    batch, gamma, vocab, dtype, temperatures = point
+    assert batch <= kernels.READ_FIRST_MAX_BATCH
+    w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, draft_noise=0.3,
+                                          temperatures=temperatures, seed=73), DEVICE).with_randomness(randomness)
+    inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                   w.draft_temperature, w.uniforms, w.exponential_noise)
+    runs = {}
+    for read_first in (True, None):
+        outputs = allocate_outputs(w)
+        launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed,
+                                               read_first=read_first)
+        assert launch.read_first == bool(read_first)
+        launch()  # (compiled before the capture)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launch()
+        calls = []
+        for replay in (False, True, False):  # fast mode: each call draws afresh, from the same offsets in both runs
+            parity.poison(outputs)
+            graph.replay() if replay else launch()
+            calls.append(_snapshot(outputs))
+        runs[read_first] = calls
+    torch.cuda.synchronize()
+    for call, (ours, theirs) in enumerate(zip(runs[True], runs[None], strict=True)):
+        for name, value in ours.items():
+            assert torch.equal(value, theirs[name]), (call, name)
+    if randomness == "supplied":
+        want = reference.prob_verify_logits(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                            w.draft_temperature, w.uniforms, w.exponential_noise)
+        for name in ("accepted_lengths", "output_tokens"):
+            assert torch.equal(runs[True][0][name], want[name]), name
+
+
 @pytest.mark.parametrize("shift", [0, 1])
 @pytest.mark.parametrize("point", [(32, 8, 32000, "bfloat16"), (1, 16, 151936, "float32"), (512, 4, 32000, "bfloat16")],
                          ids=lambda p: "b{}-g{}-v{}-{}".format(*p))

@@ -115,6 +115,7 @@ STATS_MIN_TILES = 4  # pass-1 span once the rows' tiles exceed a wave: per-progr
 STATS_WAVES = 4  # pass 1 aims at this many waves of resident programs (default_stats_plan)
 STATS_SPLITS_BELOW_WAVE = 32  # pass-1 partials a row at most where all of pass 1 fits one wave (stats_plan)
 STATS_PER_SM_GUESS = 12  # pass 1's resident programs per SM before it is compiled (sm_90, Triton 3.6: float32 12, bf16 9 at 4 KiB steps)
+READ_FIRST_MAX_BATCH = 1024  # `_read_first` (an option): its count over the batch loads B temperatures a program
 RACE_PER_SM_GUESS = 8  # the race's, likewise (64 registers at 1024-column chunks)
 RACE_MIN_PROGRAMS = 4  # race programs a sequence at the least, whatever the wave (race_steps)
 RESAMPLE_ROWS = 256  # vllm_v2_style resample: 1024 columns per step of a block
@@ -366,17 +367,63 @@ def _row_stats_kernel(
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
-    SKIP_GREEDY_DRAFTS: tl.constexpr, WORDS: tl.constexpr,
+    SKIP_GREEDY_DRAFTS: tl.constexpr, WORDS: tl.constexpr, READ_FIRST: tl.constexpr, BATCH_PAD: tl.constexpr,
 ):
-    """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s. PDL: the kernel after it
-    (launched with launch_pdl) may start its programs as soon as all of pass 1's have started."""
+    """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s, or (READ_FIRST) the work
+    `_read_first` gives the program in its place. PDL: the kernel after it (launched with launch_pdl) may start its
+    programs as soon as all of pass 1's have started."""
     _let_next_kernel_start(PDL)
+    row, split = tl.program_id(0), tl.program_id(1)
+    if READ_FIRST:
+        row, split = _read_first(row, split, target_temp_ptr, GAMMA, BATCH_PAD)
     _row_stats_program(
-        tl.program_id(0), tl.program_id(1), target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr,
+        row, split, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr,
         stats_sum_ptr, stats_arg_ptr, row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr, draft_tokens_ptr,
         uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, timeline_ptr, seed, vocab, span,
         splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b, GAMMA, TILE, COMBINE,
         SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE, SKIP_GREEDY_DRAFTS, WORDS)
+
+
+@triton.jit
+def _read_first(program_row, program_split, target_temp_ptr, GAMMA: tl.constexpr, BATCH_PAD: tl.constexpr):
+    """(row, split) for pass-1 program (program_row, program_split), numbered so that the programs that read come
+    first in launch order and the empty ones (SKIP_GREEDY_DRAFTS: a greedy request's draft rows) last.
+    Why: where pass 1 fits in one wave, the GPU deals its programs out over the SMs in launch order (x fastest),
+    all at once. In row order a greedy request's γ·splits empty programs are adjacent and recur every few
+    requests, so they pile up on the same SMs: at b = 32, γ = 8 with one request in four greedy, some SMs ran 3
+    reading programs and others 9 (docs/perf-notes.md, "Session 37"). Dealt out first, the reading programs
+    spread evenly (8 at most there). The empty ones still run, last, and still write their empty partials.
+    Measured on the H200 (the same session): the SMs evened out (7 to 8 reading programs each) and pass 1 was no
+    faster, and slower where it runs several waves (the count costs registers and a load before the first tile),
+    so the SMs' share of the work was not what bounded it. An option (fused_logits_launcher's read_first), off.
+    Order: launch index i = split·rows + row; the reading rows are every target row (B·(γ+1), request by
+    request) and then the draft rows of requests whose target samples; i < reading rows·splits is split
+    i // reading rows of reading row i % reading rows, and the rest likewise over the empty rows. The n-th
+    request of a kind is found by a count over the batch's target temperatures (BATCH_PAD of them, one L2 load
+    a program: the launcher turns this on only up to READ_FIRST_MAX_BATCH)."""
+    rows = tl.num_programs(0)
+    splits = tl.num_programs(1)
+    batch = rows // (2 * GAMMA + 1)
+    requests = tl.arange(0, BATCH_PAD)
+    in_batch = requests < batch
+    temperature = tl.load(target_temp_ptr + requests, mask=in_batch, other=0.0)
+    sampled = ((temperature != 0) & in_batch).to(tl.int32)
+    greedy = ((temperature == 0) & in_batch).to(tl.int32)
+    reading_rows = batch * (GAMMA + 1) + GAMMA * tl.sum(sampled, axis=0)
+    empty_rows = tl.maximum(rows - reading_rows, 1)  # (no empty rows: no program lands there; no division by 0)
+    index = program_split * rows + program_row
+    reads = index < reading_rows * splits
+    past = index - reading_rows * splits
+    split = tl.where(reads, index // reading_rows, past // empty_rows)
+    j = tl.where(reads, index % reading_rows, past % empty_rows)  # the row's place among its kind
+    target = reads & (j < batch * (GAMMA + 1))
+    draft = tl.where(reads, j - batch * (GAMMA + 1), j)  # the draft row's place among its kind's draft rows
+    # the (draft // γ)-th request of the kind: how many requests come before the kind's count passes it
+    kind = tl.where(reads, sampled, greedy)
+    request = tl.sum((tl.cumsum(kind, axis=0) <= draft // GAMMA).to(tl.int32), axis=0)
+    row = tl.where(target, (j // (GAMMA + 1)) * (2 * GAMMA + 1) + j % (GAMMA + 1),
+                   request * (2 * GAMMA + 1) + GAMMA + 1 + draft % GAMMA)
+    return row, split
 
 
 @triton.jit
@@ -1587,7 +1634,7 @@ def bf16_words_apply(t: LogitsTensors, span: int) -> bool:
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,
                   combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None,
                   timeline: torch.Tensor | None = None, pdl: bool = False, skip_greedy_drafts: bool = False,
-                  bf16_words: bool = False):
+                  bf16_words: bool = False, read_first: bool = False):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
     each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
     `_scan_in_pass_one`'s tensors: offsets, sequence_arrivals, stop, error_flags; and fast, seed) the
@@ -1595,8 +1642,11 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
     zeroed), a timeline build (`_mark`). pdl: its programs let a kernel launched with launch_pdl after it start
     (`_let_next_kernel_start`). skip_greedy_drafts (the token rule): greedy requests' draft rows are not read.
     bf16_words (`_load_tile`): bf16 logits read as 32-bit words where `bf16_words_apply` (else, and for float32, as
-    elements); its callers name it."""
+    elements); its callers name it. read_first (with skip_greedy_drafts, B <= READ_FIRST_MAX_BATCH): the reading
+    programs launch first (`_read_first`)."""
     batch, gamma, vocab = t.shape
+    if read_first and not (skip_greedy_drafts and batch <= READ_FIRST_MAX_BATCH):
+        raise ValueError(f"read_first orders the programs greedy drafts leave empty, up to B = {READ_FIRST_MAX_BATCH}")
     words = bf16_words and bf16_words_apply(t, plan.span)
     combine = combined is not None
     device = t.draft_tokens.device
@@ -1619,6 +1669,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
                 VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
                 TIMELINE=timeline is not None, PDL=pdl, SKIP_GREEDY_DRAFTS=skip_greedy_drafts, WORDS=words,
+                READ_FIRST=read_first, BATCH_PAD=triton.next_power_of_2(batch) if read_first else 1,
                 num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
@@ -1630,7 +1681,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
                           stats_max_splits: int = STATS_SPLITS_BELOW_WAVE, single: bool = False,
                           lag: int | None = None, maxnreg: int | None = None, timeline: bool = False,
                           pdl: bool | None = None, tokens_first: bool | None = None, lean_scan: bool = True,
-                          bf16_words: bool | None = None):
+                          bf16_words: bool | None = None, read_first: bool | None = None):
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
@@ -1659,7 +1710,10 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     it reads (`_position_stats`); False: all 2γ+1 rows, then picks. The same tokens but at near-ties (`_rows_stats`);
     kept to time the two (docs/perf-notes.md, "Session 26").
     bf16_words (two launches): pass 1 reads bf16 rows as 32-bit words where they are aligned for it (`_stats_launch`;
-    None: it does); False, as elements, to time the two (docs/perf-notes.md, "Session 35")."""
+    None: it does); False, as elements, to time the two (docs/perf-notes.md, "Session 35").
+    read_first (two launches, token rule, B <= READ_FIRST_MAX_BATCH): pass 1's reading programs launch before the ones
+    a greedy request's draft rows leave empty (`_read_first`); None or False: in row order. Kept to time the two: on
+    the H200 it evened out the SMs' programs and made pass 1 no faster (docs/perf-notes.md, "Session 37")."""
     if sample not in (None, "cdf", "race"):
         raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
     if single:
@@ -1674,8 +1728,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             raise ValueError("pdl overlaps one launch with the next: single=True has one launch")
         if tokens_first is not None or not lean_scan:
             raise ValueError("tokens_first and lean_scan shape the two-launch race: single=True has its own")
-        if bf16_words is not None:
-            raise ValueError("bf16_words shapes the two-launch pass 1: single=True reads elements")
+        if bf16_words is not None or read_first is not None:
+            raise ValueError("bf16_words and read_first shape the two-launch pass 1: single=True has its own")
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
     if lag is not None or maxnreg is not None:
         raise ValueError("lag and maxnreg shape the one-launch grid: they need single=True")
@@ -1693,6 +1747,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if stats_plan_ is not None and stats_max_splits != STATS_SPLITS_BELOW_WAVE:
         raise ValueError("stats_max_splits shapes the default pass-1 plan; with stats_plan_ given it would do nothing")
     batch, gamma, vocab = t.shape
+    if read_first and (rule != "token" or batch > READ_FIRST_MAX_BATCH):
+        raise ValueError(f"read_first orders the programs the token rule leaves empty, up to B = {READ_FIRST_MAX_BATCH}")
+    read_first = bool(read_first)  # (None only so that single=True can refuse a choice)
     device = t.draft_tokens.device
     if pdl is None:  # wherever it is available
         pdl = pdl_available(device)
@@ -1709,7 +1766,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                  combine, timeline, pdl, tokens_first, lean_scan, bf16_words)
+                                  combine, timeline, pdl, tokens_first, lean_scan, bf16_words, read_first)
     if device.type == "cuda" and not INTERPRETED and (stats_plan_ is None or race_plan is None):
         # the plans again, for whole waves of the kernels as they compiled (registers set how many fit an SM)
         stats_per_sm, race_per_sm = launch.stats_launch.programs_per_sm(), launch.race_launch.programs_per_sm()
@@ -1720,7 +1777,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             race = default_race_plan(batch, vocab, device, per_sm=race_per_sm, token_race=rule == "token")
         if (plan, race) != launch.plans:
             launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
-                                          combine, timeline, pdl, tokens_first, lean_scan, bf16_words)
+                                          combine, timeline, pdl, tokens_first, lean_scan, bf16_words, read_first)
         # (from the kernels compiled with the first plans: the race's registers can move a little with its steps)
         launch.programs_per_sm = (stats_per_sm, race_per_sm)
     return launch
@@ -1729,7 +1786,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
 def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fast: bool, seed: int, offset: int,
                          plan: StatsPlan, rule: str, mass_plan: StatsPlan | None, race: RacePlan, scan: str,
                          sample: str | None, combine: bool, timeline: bool = False, pdl: bool = False,
-                         tokens_first: bool | None = None, lean_scan: bool = True, bf16_words: bool = True):
+                         tokens_first: bool | None = None, lean_scan: bool = True, bf16_words: bool = True,
+                         read_first: bool = False):
     """fused_logits_launcher with every choice made (tokens_first None: `default_tokens_first`)."""
     cdf = fast and sample != "race"
     batch, gamma, vocab = t.shape
@@ -1762,7 +1820,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                  torch.zeros(batch * race.programs * RACE_MARKS.value, dtype=torch.int64, device=device))
     stats_launch = _stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None,
                                  scan=pass_one_scan, timeline=None if marks is None else marks[0], pdl=pdl,
-                                 skip_greedy_drafts=rule == "token", bf16_words=bf16_words)
+                                 skip_greedy_drafts=rule == "token", bf16_words=bf16_words, read_first=read_first)
     launches = [stats_launch]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))
@@ -1814,7 +1872,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     launch.stats_launch, launch.race_launch = stats_launch, race_launch
     launch.timeline = marks
     launch.programs_per_sm = None  # set by fused_logits_launcher where it sized the plans to compiled kernels
-    launch.pdl, launch.tokens_first, launch.lean_scan = pdl, tokens_first, lean_scan
+    launch.pdl, launch.tokens_first, launch.lean_scan, launch.read_first = pdl, tokens_first, lean_scan, read_first
     return launch
 
 

@@ -43,7 +43,8 @@ PARITY_CONFIGS = {
 FAST_CASES = ("fused_logits_fast_advances_its_offset", "vllm_v2_style_fast_advances_its_offset",
               "fused_logits_fast_equals_vllm_v2_style_fast",
               "fused_logits_leaves_scratch_clean", "stats_plan_covers_the_row", "fused_logits_any_split_agrees",
-              "row_stats_match_float64", "fused_logits_one_launch_agrees", "greedy_requests_need_no_draft_rows")
+              "row_stats_match_float64", "fused_logits_one_launch_agrees", "greedy_requests_need_no_draft_rows",
+              "reading_programs_launch_first")
 # rule="block" in fused_logits; "greedy_drafts" zeroes the draft temperature of every other request and
 # "bad_tokens" writes draft ids outside [0, V) (both edits in _block_workload).
 BLOCK_PARITY_CONFIGS = {
@@ -318,6 +319,7 @@ def _run_cases() -> dict[str, str | None]:
         runs = {f"scan {scan} combine {combine}": dict(scan=scan, combine=combine)
                 for scan, combine in (("race", True), ("race", False), ("pass1", True), ("kernel", None))}
         runs["one launch"] = dict(single=True)
+        runs["reading programs first"] = dict(read_first=True)
         greedy_accepts = sampled_rejects = 0
         for shift in (0, 1, 2):
             draft_temperature = base.target_temperature.roll(shift)
@@ -361,11 +363,80 @@ def _run_cases() -> dict[str, str | None]:
         return "; ".join(failures) or None
 
     for case, run in zip(FAST_CASES, (deterministic, vllm_advances, equals_vllm, scratch_clean, plan_covers, any_split,
-                                      lambda: _row_stats_failures(kernels), one_launch, greedy_drafts_unread),
+                                      lambda: _row_stats_failures(kernels), one_launch, greedy_drafts_unread,
+                                      lambda: _read_first_failures(kernels)),
                          strict=True):
         record(case, run)
     _run_block_cases(record, snapshot)
     return verdicts
+
+
+def _read_first_order(temperatures: list[float], gamma: int, splits: int) -> list[tuple[int, int]]:
+    """The (row, split) `_read_first` should give each launch index, written as a plain loop: split by split, the
+    rows that read (every target row, then the draft rows of requests whose target samples, request by request),
+    then split by split the empty rows (a greedy request's draft rows)."""
+    rows_per = 2 * gamma + 1
+    targets = [b * rows_per + r for b in range(len(temperatures)) for r in range(gamma + 1)]
+    sampled = [b * rows_per + gamma + 1 + i for b, t in enumerate(temperatures) if t != 0 for i in range(gamma)]
+    empty = [b * rows_per + gamma + 1 + i for b, t in enumerate(temperatures) if t == 0 for i in range(gamma)]
+    reading = targets + sampled
+    return ([(row, split) for split in range(splits) for row in reading]
+            + [(row, split) for split in range(splits) for row in empty])
+
+
+if importlib.util.find_spec("triton") is not None:  # (the interpreter resolves a kernel's callees in its globals)
+    import triton
+    import triton.language as tl
+
+    from sdbench.ops.prob_verify_logits.triton_kernels import _read_first
+
+    @triton.jit
+    def _read_first_probe(target_temp_ptr, out_ptr, GAMMA: tl.constexpr, BATCH_PAD: tl.constexpr):
+        row, split = _read_first(tl.program_id(0), tl.program_id(1), target_temp_ptr, GAMMA, BATCH_PAD)
+        index = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the launch order: x fastest
+        tl.store(out_ptr + 2 * index, row)
+        tl.store(out_ptr + 2 * index + 1, split)
+
+
+def _read_first_failures(kernels) -> str | None:
+    """`_read_first` against `_read_first_order` (a plain loop) on batches all greedy, all sampled, mixed, of one
+    request and of a batch that pads (5 to 8), γ 1, 3 and 4, 1 and 3 splits: the same (row, split) at every
+    launch index, which also makes it a permutation of the grid. Then fused_logits with the reading programs first
+    and in row order: the same outputs on a mixed batch, supplied randomness."""
+    import torch
+    import triton
+
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+    from sdbench.ops.prob_verify_logits.workload import make_logits_workload
+
+    failures = []
+    batches = ([0.0, 0.0, 0.0], [0.7, 1.0], [0.0, 0.7, 0.0, 1.3, 1.0], [0.0], [0.9], [1.0, 0.0, 0.0, 0.5, 0.0, 0.0, 2.0])
+    for temperatures, gamma, splits in itertools.product(batches, (1, 3, 4), (1, 3)):
+        temperature = torch.tensor(temperatures, dtype=torch.float32)
+        rows = len(temperatures) * (2 * gamma + 1)
+        out = torch.full((rows * splits * 2,), -1, dtype=torch.int32)
+        _read_first_probe[(rows, splits)](temperature, out, GAMMA=gamma,
+                                          BATCH_PAD=triton.next_power_of_2(len(temperatures)))
+        got = [tuple(pair) for pair in out.view(-1, 2).tolist()]
+        want = _read_first_order(temperatures, gamma, splits)
+        if got != want:
+            failures.append(f"temperatures {temperatures} γ {gamma} splits {splits}: {got} != {want}")
+    if failures:  # (a wrong order can name rows outside the batch: no kernel runs with it)
+        return "; ".join(failures)
+    w = make_logits_workload(LogitsConfig(7, 3, vocab_size=200, draft_noise=0.3, seed=25))
+    assert 0 < int((w.target_temperature == 0).sum()) < 7, "the batch must mix greedy and sampled requests"
+    inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                   w.draft_temperature, w.uniforms, w.exponential_noise)
+    results = []
+    for read_first in (True, False):
+        outputs = allocate_outputs(w)
+        kernels.fused_logits_launcher(inputs, outputs, fast=False, stats_plan_=kernels.StatsPlan(span=64, splits=4),
+                                      read_first=read_first)()
+        results.append(outputs)
+    for key in ("output_tokens", "accepted_lengths", "next_tokens"):
+        if not torch.equal(results[0][key], results[1][key]):
+            failures.append(f"read-first {key} {results[0][key].tolist()} != row order {results[1][key].tolist()}")
+    return "; ".join(failures) or None
 
 
 def _poison(stats):
@@ -458,6 +529,15 @@ def _row_stats_failures(kernels) -> str | None:
             # leave (-inf, 0, no index) in every split; every other partial is the one read above, bit for bit
             skipped = kernels.allocate_stats(3, 2, plan.splits, target.device)
             kernels._stats_launch(inputs, skipped, plan, skip_greedy_drafts=True, bf16_words=words)()
+            # the same programs launched reading ones first (`_read_first`): every partial the same, bit for bit
+            reordered = _poison(kernels.allocate_stats(3, 2, plan.splits, target.device))
+            kernels._stats_launch(inputs, reordered, plan, skip_greedy_drafts=True, bf16_words=words,
+                                  read_first=True)()
+            for name, part, want in zip(("max", "sum", "arg"), reordered, skipped, strict=True):
+                part, want = part.view(3, 5, -1)[..., :plan.splits], want.view(3, 5, -1)[..., :plan.splits]
+                if not torch.equal(part, want):
+                    failures.append(f"{dtype} span {span} words {words}: read-first {name} partials {part.tolist()} "
+                                    f"!= {want.tolist()}")
             empty = torch.zeros(3, 5, dtype=torch.bool)
             empty[0, 3:] = True
             for name, part, read, blank in zip(("max", "sum", "arg"), skipped, stats, (float("-inf"), 0.0, 2**31 - 1),
