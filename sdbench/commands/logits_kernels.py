@@ -10,7 +10,8 @@ spans rounded up), `tile<N>` / `warps<N>` (pass 1: N columns a step, N warps a p
 waves of STATS_PER_SM_GUESS programs per SM unless span or pps is named), `cap<N>` (pass 1: at most N splits
 below one wave),
 `r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),
-`race` / `cdf` (how fast mode draws the residual token: the exponential race or by inversion), `combine` /
+`race` / `cdf` / `picks` (how fast mode draws the residual token: the exponential race, by inversion, or by
+inversion with each race program's candidate in its chunks), `combine` /
 `nocombine` (pass 1 combines each row's partials, or every race program does; nocombine scans in the race
 unless a scan is named), `pdl` / `nopdl` (the scan kernel and the race launched with programmatic dependent
 launch, or not), `tokens-first` / `tokens-last` (a race that scans loads the draft tokens' logits before or after
@@ -81,7 +82,7 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
             continue
         if part.startswith("scan-") and part[5:] in ("kernel", "race", "pass1"):
             changes["scan"] = part[5:]
-        elif part in ("race", "cdf"):
+        elif part in ("race", "cdf", "picks"):
             changes["sample"] = part
         elif part in ("combine", "nocombine"):
             changes["combine"] = part == "combine"
@@ -267,9 +268,10 @@ def _launches(variant: str, w, batch: int, gamma: int, vocab: int, sms: int, tim
 
 
 def launch_choices(run) -> dict | None:
-    """What a fused_logits launch resolved (where the scan runs, who combines, PDL, the race's load order), so a
-    row says what its variant ran whatever the defaults were then; None for a launch that has none."""
-    names = ("scan", "combine", "pdl", "tokens_first", "lean_scan", "read_first")
+    """What a fused_logits launch resolved (where the scan runs, who combines, PDL, the race's load order, pass 1's
+    program order, how the residual token is drawn), so a row says what its variant ran whatever the defaults were
+    then; None for a launch that has none."""
+    names = ("scan", "combine", "pdl", "tokens_first", "lean_scan", "read_first", "sample")
     return {name: getattr(run, name) for name in names if hasattr(run, name)} or None
 
 

@@ -221,10 +221,12 @@ def test_a_row_records_what_the_launch_resolved():
                "next_tokens": torch.empty(batch, dtype=torch.int64),
                "output_tokens": torch.empty(batch, gamma + 1, dtype=torch.int64),
                "error_flags": torch.empty(batch, dtype=torch.int32)}
-    for tokens_first, lean in ((True, True), (False, True), (True, False)):
+    for tokens_first, lean, read_first, sample in ((True, True, None, None), (False, True, False, "picks"),
+                                                   (True, False, True, "race")):
         launch = tk.fused_logits_launcher(t, outputs, True, 0, 0, scan="race", combine=True, tokens_first=tokens_first,
-                                          lean_scan=lean)
+                                          lean_scan=lean, read_first=read_first, sample=sample)
         assert launch_choices(launch) == {"scan": "race", "combine": True, "pdl": False, "tokens_first": tokens_first,
-                                          "lean_scan": lean}
+                                          "lean_scan": lean, "read_first": bool(read_first),
+                                          "sample": sample or "cdf"}
     assert launch_choices(tk.fused_logits_launcher(t, outputs, True, 0, 0, scan="kernel"))["tokens_first"] is False
     assert launch_choices(lambda: None) is None

@@ -111,7 +111,7 @@ def test_graph_replay_equals_eager(name, vocab):
     assert bool((run.philox_offsets == fast.offset + 1).all())
 
 
-@pytest.mark.parametrize("sample", ["race", "cdf"])  # the race's best keys, or the inversion's chunk masses
+@pytest.mark.parametrize("sample", ["race", "cdf", "picks"])  # the race's best keys, or the inversion's chunk masses
 @pytest.mark.parametrize("scan", ["race", "pass1", "kernel"])
 def test_fused_logits_leaves_its_race_scratch_zeroed(scan, sample):
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
@@ -480,7 +480,7 @@ def _spread(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return wide, columns
 
 
-def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4):
+def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4, sample: str = "cdf"):
     """fused_logits' outputs (fast mode: the inversion) over the spread logits, the tokens mapped back to
     0..15 (16 for a column that should never be drawn), and the p and q the kernel sees."""
     target, draft = fixed_logits()
@@ -502,10 +502,10 @@ def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4):
         launch = kernels.fused_logits_launcher(
             kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                   w.draft_temperature, w.uniforms, w.exponential_noise), out, fast=True, seed=w.seed,
-            offset=w.offset, sample="cdf")
+            offset=w.offset, sample=sample)
         race = launch.plans[1]
         # the inversion's two levels: 8 chunks of 1024 columns, two live ones in each
-        assert launch.sample == "cdf" and (4 * race.rows, race.programs * race.steps) == (1024, 8), race
+        assert launch.sample == sample and (4 * race.rows, race.programs * race.steps) == (1024, 8), race
         launch()
         tokens = out["output_tokens"]
         outputs["output_tokens"].append(torch.where(tokens >= 0, index[tokens.clamp_min(0)], tokens).cpu())
@@ -514,14 +514,16 @@ def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4):
     return {name: torch.cat(parts_) for name, parts_ in outputs.items()}, seen
 
 
+@pytest.mark.parametrize("sample", ["cdf", "picks"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_inversion_over_several_chunks_is_exact(dtype):
+def test_inversion_over_several_chunks_is_exact(dtype, sample):
     """Fast mode's residual draw by inversion (`_cdf_pick`: a chunk from the race programs' chunk masses,
-    then a column within it) where the residual spreads over 8 chunks, two live columns in each: the
+    then a column within it; "picks": each program's candidate in its chunk, `_pick_in_chunk`, and the chunk chosen
+    by mass, `_chunk_choice`) where the residual spreads over 8 chunks, two live columns in each: the
     tokens' distribution is the target's (χ², test_prob_exactness's checks, p-value > 1e-3), and never a
     dead column. Must fail: the same draws read with the chunks' order shifted by one (a chunk-level
     mistake of the inversion, `_chunk_shifted`) fail the first-token check."""
-    outputs, (target, draft) = _spread_draws(dtype)
+    outputs, (target, draft) = _spread_draws(dtype, sample=sample)
     p, q = target.softmax(dim=1), draft.softmax(dim=1)
     assert int((outputs["output_tokens"] == 16).sum()) == 0
     pvalues = exactness_pvalues(outputs, p, q)

@@ -867,6 +867,48 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
 
 
 @triton.jit
+def _cdf_uniform(seed, b, offset, counter):
+    """Fast mode's 53-bit uniform in [0, 1) (two Philox words) on the inversion's stream, keyed by (b, offset) and a
+    counter: 0 the chunk's choice (`_cdf_pick`, `_chunk_choice`), 1 + c chunk c's own (`_pick_in_chunk`)."""
+    zero = tl.zeros([1], tl.uint32)
+    r0, r1, _, _ = tl.philox(seed, zero + counter.to(tl.uint32), zero + b.to(tl.uint32), zero + offset.to(tl.uint32),
+                             zero + STREAM_CDF)
+    return tl.sum((r0.to(tl.float64) + r1.to(tl.float64) * 2.3283064365386963e-10) * 2.3283064365386963e-10, axis=0)
+
+
+@triton.jit
+def _pick_in_chunk(w, chunk, b, seed, offset, CHUNK: tl.constexpr):
+    """sample "picks": a race program's candidate column in its chunk `chunk` of CHUNK columns, whose max(w, 0) it
+    holds in registers (w: [lanes, VEC], column order when flattened), drawn by inversion on the chunk's own
+    uniform u_c: the first column whose float64 cumulative w exceeds u_c·Σ_c w. -1 where the chunk has no w > 0.
+    With `_chunk_choice` picking chunk c with probability m_c / M, a column is drawn with probability
+    (m_c / M)·(w_x / Σ_c w), what `_cdf_pick` draws, from independent uniforms instead of one."""
+    flat = tl.reshape(w, [CHUNK]).to(tl.float64)
+    within = tl.cumsum(flat, axis=0)
+    u = _cdf_uniform(seed, b, offset, chunk + 1)
+    below = tl.sum((within <= u * tl.sum(flat, axis=0)).to(tl.int32), axis=0)
+    last_col = tl.max(tl.where(flat > 0, tl.arange(0, CHUNK), -1), axis=0)
+    return tl.where(last_col >= 0, chunk * CHUNK + tl.minimum(below, last_col), -1)
+
+
+@triton.jit
+def _chunk_choice(chunk_mass_ptr, chunk_pick_ptr, b, chunks, seed, offset, CHUNKS_PAD: tl.constexpr):
+    """sample "picks", the last arrival: the chunk c whose float64 cumulative mass first exceeds u·M (as `_cdf_pick`
+    chooses it), and the candidate c's program stored (`_pick_in_chunk`): no chunk read again. -1 when M = 0."""
+    index = tl.arange(0, CHUNKS_PAD)
+    mass = tl.load(chunk_mass_ptr + b * chunks + index, mask=index < chunks, other=0.0,
+                   cache_modifier=".cg").to(tl.float64)
+    picks = tl.load(chunk_pick_ptr + b * chunks + index, mask=index < chunks, other=-1, cache_modifier=".cg")
+    cumulative = tl.cumsum(mass, axis=0)
+    total = tl.sum(mass, axis=0)
+    threshold = _cdf_uniform(seed, b, offset, tl.zeros([], tl.int32)) * total
+    last = tl.max(tl.where(mass > 0, index, -1), axis=0)
+    chunk = tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last)
+    pick = tl.sum(tl.where(index == chunk, picks, 0), axis=0)
+    return tl.where((total > 0) & (last >= 0), pick, -1)
+
+
+@triton.jit
 def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft, inverse_t, inverse_d, greedy_d,
               max_t, sum_t, max_d, sum_d, arg_d, target_scale, seed, offset,
               CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr, SCALED: tl.constexpr):
@@ -883,10 +925,7 @@ def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft
                    cache_modifier=".cg").to(tl.float64)
     cumulative = tl.cumsum(mass, axis=0)
     total = tl.sum(mass, axis=0)
-    zero = tl.zeros([1], tl.uint32)
-    r0, r1, _, _ = tl.philox(seed, zero, zero + b.to(tl.uint32), zero + offset.to(tl.uint32), zero + STREAM_CDF)
-    u = tl.sum((r0.to(tl.float64) + r1.to(tl.float64) * 2.3283064365386963e-10) * 2.3283064365386963e-10, axis=0)
-    threshold = u * total
+    threshold = _cdf_uniform(seed, b, offset, tl.zeros([], tl.int32)) * total
     last = tl.max(tl.where(mass > 0, index, -1), axis=0)
     # >= 0: with M = 0 (last = -1) the chunk read below must still be inside the row (the result is unused)
     chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
@@ -1012,13 +1051,14 @@ def _race_program(
     b, chunk, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-    chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits,
+    chunk_mass_ptr, chunk_pick_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, STATS_CACHE: tl.constexpr,
     TIMELINE: tl.constexpr, PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr, LEAN_SCAN: tl.constexpr,
+    PICKS: tl.constexpr,
 ):
     """The race's program (b, c), grid (B, chunks) in `_logits_race_kernel`; returns whether it arrived last.
     It owns STEPS chunks of 4·ROWS columns of the stopping row, columns
@@ -1035,6 +1075,9 @@ def _race_program(
     CDF (fast mode's default): each program stores its chunks' residual masses (chunk_mass_ptr, float32,
     `chunks`·STEPS a sequence) and the last arrival draws the token by inversion (`_cdf_pick`); otherwise
     the exponential race on Philox noise (supplied mode: on the supplied noise, as the reference defines).
+    PICKS (with CDF; sample "picks"): each program also stores a candidate column in each of its chunks
+    (`_pick_in_chunk`, chunk_pick_ptr, int32, beside the masses), and the last arrival only chooses the chunk
+    (`_chunk_choice`) instead of reading the chosen chunk again (`_cdf_pick`).
     RULE "block": the stop τ and w_τ from the draft-token ratios and the residual masses at mass_ptr
     (`_block_scan`, every program), and the race over max(0, w_τ·p_τ - q_τ). Constexprs: each path
     compiles only its own code.
@@ -1132,6 +1175,9 @@ def _race_program(
                                  max_d, sum_d, arg_d, target_scale, True, True, RULE == "block")
                 chunk_sum = tl.sum(tl.maximum(w, 0.0))
                 tl.store(chunk_mass_ptr + b * chunks * STEPS + first + step, chunk_sum)
+                if PICKS:
+                    tl.store(chunk_pick_ptr + b * chunks * STEPS + first + step,
+                             _pick_in_chunk(tl.maximum(w, 0.0), first + step, b, seed, offset, 4 * ROWS))
                 cols, z_t, z_d = next_cols, next_t, next_d
                 if step == STEPS - 1:
                     _mark(timeline_ptr, mark + 2, chunk_sum.to(tl.int32, bitcast=True), TIMELINE)
@@ -1158,7 +1204,13 @@ def _race_program(
     if last:
         if greedy_t:
             next_token = arg_t.to(tl.int64)
-        elif CDF:  # (a greedy target skipped the masses: its branch above is the same scalar test)
+        elif PICKS:  # (a greedy target skipped the masses: its branch above is the same scalar test)
+            next_token = _chunk_choice(chunk_mass_ptr, chunk_pick_ptr, b, chunks * STEPS, seed, offset,
+                                       CHUNKS_PAD).to(tl.int64)
+            if next_token < 0:  # w = 0 everywhere (p = q to the bit): the target's own draw
+                next_token = _token_of(_target_race(target_row, noise_row, b, vocab, inverse_t, max_t, sum_t, seed,
+                                                    offset, ROWS, PRECISE_MATH, FAST))
+        elif CDF:
             next_token = _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks * STEPS, has_draft,
                                    inverse_t, inverse_d, greedy_d, max_t, sum_t, max_d, sum_d, arg_d, target_scale,
                                    seed, offset, 4 * ROWS, CHUNKS_PAD, RULE == "block").to(tl.int64)
@@ -1189,23 +1241,23 @@ def _logits_race_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-    chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits,
+    chunk_mass_ptr, chunk_pick_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits,
     stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, TIMELINE: tl.constexpr,
-    PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr, LEAN_SCAN: tl.constexpr,
+    PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr, LEAN_SCAN: tl.constexpr, PICKS: tl.constexpr,
 ):
     """The race as a launch of its own: program (b, c) is `_race_program`'s."""
     _race_program(
         tl.program_id(0), tl.program_id(1), draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr,
         uniforms_ptr, noise_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
         accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-        chunk_mass_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b, stride_p_b,
-        stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD,
-        MASS_PAD, ROWS, STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC, "",
-        TIMELINE, PDL, TOKENS_FIRST, LEAN_SCAN)
+        chunk_mass_ptr, chunk_pick_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b,
+        stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD,
+        R_PAD, MASS_PAD, ROWS, STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC,
+        "", TIMELINE, PDL, TOKENS_FIRST, LEAN_SCAN, PICKS)
 
 
 # --- one launch (fused_logits single=True): pass 1 and the race in one grid, sequence by sequence --------------------
@@ -1272,10 +1324,10 @@ def _one_launch_kernel(
             seq, item, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr,
             noise_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stats_max_ptr, arrivals_ptr, stats_max_ptr,
             accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr,
-            offsets_ptr, chunk_mass_ptr, done_ptr, seed, vocab, 1, chunks, splits, stride_tok_b, stride_p_b,
-            stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD, R_PAD, 1,
-            ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg", False,
-            False, False, True)
+            offsets_ptr, chunk_mass_ptr, chunk_mass_ptr, done_ptr, seed, vocab, 1, chunks, splits, stride_tok_b,
+            stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD,
+            R_PAD, 1, ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC,
+            ".cg", False, False, False, True, False)
         if last:
             tl.store(done_ptr + seq, 0)
 
@@ -1687,8 +1739,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
     1's partials), "race" (every race program) or "pass1" (the sequence's last row of pass 1, after that
     row's last program combined it); None: `default_scan`. sample (fast mode): how the residual token is
-    drawn, "cdf" (by inversion, `_cdf_pick`; the default) or "race" (the exponential race on Philox noise per
-    column, the draws vllm_v2_style makes); supplied randomness is the race on the supplied noise, as the
+    drawn, "cdf" (by inversion, `_cdf_pick`; the default), "picks" (by inversion, each race program picking a
+    candidate in its own chunks and the last arrival only the chunk: `_pick_in_chunk`, `_chunk_choice`) or "race"
+    (the exponential race on Philox noise per column, the draws vllm_v2_style makes); supplied randomness is the race on the supplied noise, as the
     reference defines it. combine (scan "race", the block rule): pass 1's last program of a row combines the
     row's partials (an arrival atomic per program), or (False) every race program combines them; None:
     `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
@@ -1714,8 +1767,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     read_first (two launches, token rule, B <= READ_FIRST_MAX_BATCH): pass 1's reading programs launch before the ones
     a greedy request's draft rows leave empty (`_read_first`); None or False: in row order. Kept to time the two: on
     the H200 it evened out the SMs' programs and made pass 1 no faster (docs/perf-notes.md, "Session 37")."""
-    if sample not in (None, "cdf", "race"):
-        raise ValueError(f"sample must be 'cdf' or 'race', got {sample!r}")
+    if sample not in (None, "cdf", "picks", "race"):
+        raise ValueError(f"sample must be 'cdf', 'picks' or 'race', got {sample!r}")
     if single:
         if timeline:
             raise ValueError("timeline shapes the two-launch design: single=True has none")
@@ -1728,6 +1781,8 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
             raise ValueError("pdl overlaps one launch with the next: single=True has one launch")
         if tokens_first is not None or not lean_scan:
             raise ValueError("tokens_first and lean_scan shape the two-launch race: single=True has its own")
+        if sample == "picks":
+            raise ValueError("sample='picks' is the two-launch race's: single=True draws by 'cdf' or 'race'")
         if bf16_words is not None or read_first is not None:
             raise ValueError("bf16_words and read_first shape the two-launch pass 1: single=True has its own")
         return _one_launch_launcher(t, outputs, fast, seed, offset, stats_plan_, race_plan, sample, lag, maxnreg)
@@ -1790,6 +1845,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                          read_first: bool = False):
     """fused_logits_launcher with every choice made (tokens_first None: `default_tokens_first`)."""
     cdf = fast and sample != "race"
+    picks = fast and sample == "picks"
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     partials = allocate_stats(batch, gamma, plan.splits, device)
@@ -1808,6 +1864,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     stop_stats = torch.empty((batch, 6) if scan == "kernel" else 1, dtype=torch.float32, device=device)
     chunks = race.programs * race.steps  # the stopping row's chunks of 4·rows columns, each one mass (cdf)
     chunk_mass = torch.empty(batch * chunks if cdf else 1, dtype=torch.float32, device=device)
+    chunk_pick = torch.empty(batch * chunks if picks else 1, dtype=torch.int32, device=device)
     offsets = philox_offsets(batch, offset, device)  # fast mode advances them on the device, call by call
     pass_one_scan = None
     if scan == "pass1":
@@ -1845,7 +1902,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     args = (
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
         t.exponential_noise, *stats, mass, stop, stop_stats, outputs["accepted_lengths"], outputs["next_tokens"],
-        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, chunk_mass,
+        outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, chunk_mass, chunk_pick,
         best if marks is None else marks[1], seed, vocab,
         mass_plan.splits, race.programs, stats_splits, t.draft_tokens.stride(0), t.target_logits.stride(0),
         t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0),
@@ -1855,7 +1912,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=partials_stride(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
                 VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), TOKENS_FIRST=tokens_first,
-                LEAN_SCAN=lean_scan, num_warps=race.num_warps, **_pdl_meta(pdl))
+                LEAN_SCAN=lean_scan, PICKS=picks, num_warps=race.num_warps, **_pdl_meta(pdl))
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)
 
@@ -1866,7 +1923,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     launch.scratch = (best, arrivals, row_arrivals, sequence_arrivals)  # tests check they are left zeroed
     launch.scan = scan
     launch.combine = combine
-    launch.sample = "cdf" if cdf else "race"
+    launch.sample = "picks" if picks else "cdf" if cdf else "race"
     launch.philox_offsets = offsets
     launch.plans = (plan, race)
     launch.stats_launch, launch.race_launch = stats_launch, race_launch

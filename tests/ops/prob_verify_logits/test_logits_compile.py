@@ -19,7 +19,7 @@ POINTER_TYPES = {  # the dtypes fused_logits_launcher passes (logits: bf16 here)
     "target_ptr": "*bf16", "draft_ptr": "*bf16", "draft_tokens_ptr": "*i64", "stats_arg_ptr": "*i32",
     "row_arg_ptr": "*i32", "arrivals_ptr": "*i32", "accepted_lengths_ptr": "*i64", "next_tokens_ptr": "*i64",
     "output_tokens_ptr": "*i64", "error_flags_ptr": "*i32", "best_ptr": "*i64", "offsets_ptr": "*i64",
-    "stop_ptr": "*i32", "sequence_arrivals_ptr": "*i32", "chunk_mass_ptr": "*fp32", "stop_stats_ptr": "*fp32",
+    "stop_ptr": "*i32", "sequence_arrivals_ptr": "*i32", "chunk_mass_ptr": "*fp32", "chunk_pick_ptr": "*i32", "stop_stats_ptr": "*fp32",
     "done_ptr": "*i32", "timeline_ptr": "*i64",
 }
 SCALARS = {"seed": "i64"}  # every other scalar argument: i32
@@ -63,14 +63,22 @@ def _kernels():
 @pytest.mark.parametrize("vec,words", [(4, False), (8, False), (8, True)])
 @pytest.mark.parametrize("pdl", [True, False])  # programmatic dependent launch: pass 1 lets the next kernel start
 @pytest.mark.parametrize("skip", [True, False])  # greedy requests' draft rows not read (the token rule)
-def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, words, pdl, skip):
+def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, words, pdl, skip, read_first=False):
     kernels = _kernels()
     constexprs = {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4, "SCAN": scan, "GAMMA_PAD": 8,
                   "R_PAD": 32, "PRECISE_MATH": True, "FAST": fast, "VEC": vec, "FTZ_EXP2": True, "TIMELINE": timeline,
-                  "PDL": pdl, "SKIP_GREEDY_DRAFTS": skip, "WORDS": words}
+                  "PDL": pdl, "SKIP_GREEDY_DRAFTS": skip, "WORDS": words, "READ_FIRST": read_first,
+                  "BATCH_PAD": 32 if read_first else 1}
     ptx = _compile(kernels._row_stats_kernel, constexprs).asm["ptx"]
     assert "_row_stats_kernel" in ptx and ("%globaltimer" in ptx) == timeline
     assert ("griddepcontrol.launch_dependents" in ptx) == pdl and "griddepcontrol.wait" not in ptx
+
+
+@pytest.mark.parametrize("combine,timeline", [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("vec,words", [(4, False), (8, True)])
+def test_row_stats_kernel_compiles_with_the_reading_programs_first(combine, timeline, vec, words):
+    """READ_FIRST (`_read_first`, fused_logits_launcher's read_first option; the token rule's skip)."""
+    test_row_stats_kernel_compiles_for_sm90(combine, False, timeline, True, vec, words, True, True, read_first=True)
 
 
 def test_bf16_words_widen_without_a_conversion():
@@ -80,7 +88,7 @@ def test_bf16_words_widen_without_a_conversion():
     kernels = _kernels()
     constexprs = {"GAMMA": 4, "TILE": 2048, "COMBINE": False, "SPLITS_PAD": 16, "SCAN": False, "GAMMA_PAD": 4,
                   "R_PAD": 16, "PRECISE_MATH": True, "FAST": True, "VEC": 8, "FTZ_EXP2": True, "TIMELINE": False,
-                  "PDL": True, "SKIP_GREEDY_DRAFTS": True, "WORDS": True}
+                  "PDL": True, "SKIP_GREEDY_DRAFTS": True, "WORDS": True, "READ_FIRST": False, "BATCH_PAD": 1}
     # (a launch's row strides, span and vocabulary, multiples of 16 on the grid: so the whole tiles load 16 bytes a lane)
     divisible = ("vocab", "span", "stride_p_b", "stride_p_row", "stride_q_b", "stride_q_row")
     ptx = _compile(kernels._row_stats_kernel, constexprs, aligned=True, divisible=divisible).asm["ptx"]
@@ -95,17 +103,20 @@ def test_bf16_words_widen_without_a_conversion():
 
 
 @pytest.mark.parametrize("rule,scan", [("token", "race"), ("token", "pass1"), ("token", "kernel"), ("block", "race")])
-@pytest.mark.parametrize("fast,cdf", [(True, True), (True, False), (False, False)])
+# fast mode: by inversion (cdf; picks: each program's candidate in its chunks), or the race
+@pytest.mark.parametrize("fast,cdf,picks", [(True, True, False), (True, True, True), (True, False, False),
+                                            (False, False, False)])
 @pytest.mark.parametrize("steps,vec", [(1, 8), (3, 4)])  # the inversion's lanes: bfloat16, float32
 @pytest.mark.parametrize("timeline", [False, True])  # the diagnostic build (`_mark`)
 # pdl: launched with launch_pdl, it waits for the kernel ahead; tokens_first: a race that scans loads the tokens first
 @pytest.mark.parametrize("pdl,tokens_first", [(True, True), (True, False), (False, False), (False, True)])
-def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec, timeline, pdl, tokens_first, lean=True):
+def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, picks, steps, vec, timeline, pdl, tokens_first,
+                                       lean=True):
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
                 FAST=fast, RULE=rule, SCANNED=scan != "race", CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
                 STOP_STATS=scan == "kernel", VEC=vec, TIMELINE=timeline, PDL=pdl, TOKENS_FIRST=tokens_first,
-                LEAN_SCAN=lean)
+                LEAN_SCAN=lean, PICKS=picks)
     ptx = _compile(kernels._logits_race_kernel, pads).asm["ptx"]
     assert "_logits_race_kernel" in ptx and ("%globaltimer" in ptx) == timeline
     assert ("griddepcontrol.wait" in ptx) == pdl and "griddepcontrol.launch_dependents" not in ptx
@@ -116,7 +127,8 @@ def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, steps, vec, timeli
 @pytest.mark.parametrize("pdl,tokens_first", [(True, True), (False, False)])
 def test_race_kernel_compiles_with_every_row_combined(fast, cdf, steps, vec, pdl, tokens_first):
     """lean_scan=False (the race that scans combines all 2γ+1 rows, then picks: the A/B's other side)."""
-    test_race_kernel_compiles_for_sm90("token", "race", fast, cdf, steps, vec, False, pdl, tokens_first, lean=False)
+    test_race_kernel_compiles_for_sm90("token", "race", fast, cdf, False, steps, vec, False, pdl, tokens_first,
+                                       lean=False)
 
 
 @pytest.mark.parametrize("fast", [True, False])

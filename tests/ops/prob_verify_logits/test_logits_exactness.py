@@ -357,7 +357,7 @@ def chunk_spread_logits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return wide_target, wide_draft, columns
 
 
-def chunk_spread_draws(rounds: int) -> dict[str, list]:
+def chunk_spread_draws(rounds: int, sample: str = "cdf") -> dict[str, list]:
     """fused_logits' fast-mode outputs over the spread logits, the tokens mapped back to 0..CHUNK_LIVE-1
     (CHUNK_LIVE for a column that should never be drawn), and the race plan's chunk columns."""
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
@@ -371,7 +371,7 @@ def chunk_spread_draws(rounds: int) -> dict[str, list]:
     launch = kernels.fused_logits_launcher(
         kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                               w.draft_temperature, w.uniforms, w.exponential_noise), out, fast=True, seed=w.seed,
-        offset=w.offset, sample="cdf")
+        offset=w.offset, sample=sample)
     launch()
     index = torch.full((CHUNK_VOCAB,), CHUNK_LIVE, dtype=torch.int64)
     index[columns] = torch.arange(CHUNK_LIVE)
@@ -386,21 +386,24 @@ INTERPRETER_CHUNKS_CHI2 = """
 import json, sys
 sys.path.insert(0, {here!r})
 from test_logits_exactness import chunk_spread_draws
-print(json.dumps(chunk_spread_draws({rounds})))
+print(json.dumps(chunk_spread_draws({rounds}, {sample!r})))
 """
 
 
 @pytest.mark.slow
-def test_inversion_over_chunks_is_exact_under_the_interpreter():
-    """Fast mode's inversion (`_cdf_pick`: a chunk by its mass, then a column within the chunk, read again)
+@pytest.mark.parametrize("sample", ["cdf", "picks"])
+def test_inversion_over_chunks_is_exact_under_the_interpreter(sample):
+    """Fast mode's inversion (`_cdf_pick`: a chunk by its mass, then a column within the chunk, read again; "picks":
+    a column within each chunk by its program, `_pick_in_chunk`, then the chunk by its mass, `_chunk_choice`)
     emits the token rule's distribution (χ², p-value > 1e-3) where the residual spreads over 4 chunks,
     with 3-4 positive columns in each, and never a dead column. Must fail, the first-token check on the same draws
     with each drawn token moved: to the next chunk's column (a chunk-level mistake), or to its neighbour within
     the chunk (a mistake of the within-chunk level)."""
     pytest.importorskip("triton")
-    script = INTERPRETER_CHUNKS_CHI2.format(here=str(Path(__file__).resolve().parent), rounds=INTERPRETER_CHUNK_ROUNDS)
+    script = INTERPRETER_CHUNKS_CHI2.format(here=str(Path(__file__).resolve().parent), rounds=INTERPRETER_CHUNK_ROUNDS,
+                                            sample=sample)
     report = run_interpreted(script, timeout=900)
-    assert report["sample"] == "cdf" and report["chunks"] == 4 and report["chunk_columns"] == 16, report
+    assert report["sample"] == sample and report["chunks"] == 4 and report["chunk_columns"] == 16, report
     outputs = {name: torch.tensor(report[name]) for name in ("output_tokens", "accepted_lengths")}
     assert int((outputs["output_tokens"] == CHUNK_LIVE).sum()) == 0
     wide_target, wide_draft, columns = chunk_spread_logits()

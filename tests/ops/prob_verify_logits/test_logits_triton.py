@@ -153,7 +153,8 @@ def _run_cases() -> dict[str, str | None]:
                                        fast.target_temperature, fast.draft_temperature, fast.uniforms,
                                        fast.exponential_noise)
         peer = snapshot(vllm.prepare(fast))  # the first call's draws
-        for scan, sample in ((scan, sample) for scan in ("race", "pass1", "kernel") for sample in ("race", "cdf")):
+        for scan, sample in ((scan, sample) for scan in ("race", "pass1", "kernel")
+                            for sample in ("race", "cdf", "picks")):
             # fast mode: a scan in pass 1 or in its own kernel draws the race's accept uniforms
             outputs = allocate_outputs(fast)
             launch = kernels.fused_logits_launcher(inputs, outputs, fast=True, seed=fast.seed, offset=fast.offset,
