@@ -27,9 +27,7 @@ float32 rounding, see reference.py):
      one wave of programs, at least RACE_MIN_PROGRAMS a sequence, `race_steps`): program (b, c) reads its chunk
      of target row k and draft row k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with
      the row-k normalisers, and (fast mode) stores its chunks' residual masses, from which the last program to
-     arrive draws the token by inversion (`_cdf_pick`; where a program takes one chunk, each program also draws a
-     candidate in its chunk and the last arrival only chooses the chunk: `default_picks`), or (supplied
-     randomness) folds its best race key w/E
+     arrive draws the token by inversion (`_cdf_pick`), or (supplied randomness) folds its best race key w/E
      into best[b] with a 64-bit atomic max; the last arrival writes the outputs (greedy targets skip the row:
      next = argmax of row k).
   On sm_90+ (`pdl_available`) the scan kernel and the race launch with programmatic dependent launch: each
@@ -866,16 +864,6 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
     else:
         key = tl.math.div_rn(residual, noise)  # IEEE, as PyTorch's w / E
     return _pack(tl.where(residual > 0, key, -1.0), cols)
-
-
-def default_picks(rule: str, race: RacePlan) -> bool:
-    """Fast mode's default draw: "picks" (`_pick_in_chunk`, `_chunk_choice`) where each race program takes one chunk,
-    else "cdf" (`_cdf_pick`). Measured on the H200 (docs/perf-notes.md, "Session 37"), token rule: with one chunk a
-    program, picks moves the draw's second level off the last arrival's path (its draw 1.75 -> 0.5 µs) into the
-    programs (their chunks 0.75 -> 2 µs) and gained 0.0-0.6 µs at b = 1 and 32, V = 32000; with several chunks a
-    program each pays that for every chunk, and it lost 5.7-14 µs (b = 128, 512; V = 128256, 151936). The block rule
-    was not measured: it keeps "cdf"."""
-    return rule == "token" and race.steps == 1
 
 
 @triton.jit
@@ -1751,10 +1739,10 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
     1's partials), "race" (every race program) or "pass1" (the sequence's last row of pass 1, after that
     row's last program combined it); None: `default_scan`. sample (fast mode): how the residual token is
-    drawn, "cdf" (by inversion, `_cdf_pick`), "picks" (by inversion, each race program picking a candidate in its
-    own chunks and the last arrival only the chunk: `_pick_in_chunk`, `_chunk_choice`) or "race" (the exponential
-    race on Philox noise per column, the draws vllm_v2_style makes); None: picks or cdf by `default_picks`.
-    Supplied randomness is the race on the supplied noise, as the reference defines it. combine (scan "race", the block rule): pass 1's last program of a row combines the
+    drawn, "cdf" (by inversion, `_cdf_pick`; the default), "picks" (by inversion, each race program picking a
+    candidate in its own chunks and the last arrival only the chunk: `_pick_in_chunk`, `_chunk_choice`) or "race"
+    (the exponential race on Philox noise per column, the draws vllm_v2_style makes); supplied randomness is the race on the supplied noise, as the
+    reference defines it. combine (scan "race", the block rule): pass 1's last program of a row combines the
     row's partials (an arrival atomic per program), or (False) every race program combines them; None:
     `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
     Plans left None are sized on a GPU to the kernels as they compiled (their resident programs per SM);
@@ -1857,7 +1845,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                          read_first: bool = False):
     """fused_logits_launcher with every choice made (tokens_first None: `default_tokens_first`)."""
     cdf = fast and sample != "race"
-    picks = fast and (sample == "picks" or (sample is None and default_picks(rule, race)))
+    picks = fast and sample == "picks"
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     partials = allocate_stats(batch, gamma, plan.splits, device)
