@@ -210,8 +210,9 @@ def test_reading_only_the_needed_rows_changes_no_output(point, randomness):
                          ids=lambda p: "b{}-g{}-v{}-{}-t{}".format(*p[:4], len(p[4])))
 def test_reading_programs_first_changes_no_output(point, randomness):
     """Pass 1's reading programs launched first (`_read_first`, an option up to B = READ_FIRST_MAX_BATCH) against
-    row order (the default): the same tokens, lengths and flags bit for bit (the same partials, computed by other programs), for
-    three calls in a row, eager and replayed in a graph. Mixed batches (one request in four greedy, one in two),
+    row order (the default), with row order's plans (the option compiles to other registers, and the launcher's own
+    re-plan could then split pass 1 otherwise): the same tokens, lengths and flags bit for bit (the same partials,
+    computed by other programs), for three calls in a row, eager and replayed in a graph. Mixed batches (one request in four greedy, one in two),
     all greedy, all sampled, the largest batch it applies to (b = 1024) and a batch that pads (7). The launch
     reports the order it ran; supplied randomness, the reference agrees."""
     from sdbench.ops.prob_verify_logits import reference
@@ -224,11 +225,12 @@ def test_reading_programs_first_changes_no_output(point, randomness):
                                           temperatures=temperatures, seed=73), DEVICE).with_randomness(randomness)
     inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                    w.draft_temperature, w.uniforms, w.exponential_noise)
-    runs = {}
-    for read_first in (True, None):
+    runs, plans = {}, {}
+    for read_first in (None, True):
         outputs = allocate_outputs(w)
         launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed,
-                                               read_first=read_first)
+                                               read_first=read_first, **plans)
+        plans = dict(stats_plan_=launch.plans[0], race_plan=launch.plans[1])
         assert launch.read_first == bool(read_first)
         launch()  # (compiled before the capture)
         graph = torch.cuda.CUDAGraph()

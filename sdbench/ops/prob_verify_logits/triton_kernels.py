@@ -389,9 +389,10 @@ def _read_first(program_row, program_split, target_temp_ptr, GAMMA: tl.constexpr
     """(row, split) for pass-1 program (program_row, program_split), numbered so that the programs that read come
     first in launch order and the empty ones (SKIP_GREEDY_DRAFTS: a greedy request's draft rows) last.
     Why: where pass 1 fits in one wave, the GPU deals its programs out over the SMs in launch order (x fastest),
-    all at once. In row order a greedy request's γ·splits empty programs are adjacent and recur every few
-    requests, so they pile up on the same SMs: at b = 32, γ = 8 with one request in four greedy, some SMs ran 3
-    reading programs and others 9 (docs/perf-notes.md, "Session 37"). Dealt out first, the reading programs
+    all at once. In row order a greedy request's γ empty programs of a split are adjacent, and with one request in
+    four greedy they recur every 4·(2γ+1) launch indices; at b = 32, γ = 8 that is 68, and 2·68 = 136 is 4 more than
+    the 132 SMs, so they pile up on the same SMs: some SMs ran 3 reading programs and others 9 (docs/perf-notes.md,
+    "Session 37"). Dealt out first, the reading programs
     spread evenly (8 at most there). The empty ones still run, last, and still write their empty partials.
     Measured on the H200 (the same session): the SMs evened out (7 to 8 reading programs each) and pass 1 was no
     faster, and slower where it runs several waves (the count costs registers and a load before the first tile),
@@ -1740,9 +1741,10 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     1's partials), "race" (every race program) or "pass1" (the sequence's last row of pass 1, after that
     row's last program combined it); None: `default_scan`. sample (fast mode): how the residual token is
     drawn, "cdf" (by inversion, `_cdf_pick`; the default), "picks" (by inversion, each race program picking a
-    candidate in its own chunks and the last arrival only the chunk: `_pick_in_chunk`, `_chunk_choice`) or "race"
-    (the exponential race on Philox noise per column, the draws vllm_v2_style makes); supplied randomness is the race on the supplied noise, as the
-    reference defines it. combine (scan "race", the block rule): pass 1's last program of a row combines the
+    candidate in its own chunks and the last arrival only the chunk: `_pick_in_chunk`, `_chunk_choice`; an option,
+    docs/perf-notes.md "Session 28" and "Session 37") or "race" (the exponential race on Philox noise per column, the
+    draws vllm_v2_style makes). Supplied randomness is the race on the supplied noise, as the reference defines it.
+    combine (scan "race", the block rule): pass 1's last program of a row combines the
     row's partials (an arrival atomic per program), or (False) every race program combines them; None:
     `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
     Plans left None are sized on a GPU to the kernels as they compiled (their resident programs per SM);

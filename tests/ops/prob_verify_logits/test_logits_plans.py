@@ -208,6 +208,27 @@ def test_pass_one_reads_bf16_as_words_only_where_every_tile_is_aligned():
     assert words(t, span=4096 + 2) and not words(t, span=4096 + 1)
 
 
+def test_the_reading_programs_first_only_where_greedy_drafts_leave_programs_empty():
+    """read_first orders the programs the token rule's skip leaves empty, up to READ_FIRST_MAX_BATCH requests: the
+    block rule (which reads every draft row), a larger batch and the one launch refuse it, as the one launch refuses
+    sample "picks" (nothing is launched here)."""
+    t = _logits_tensors(torch.float32)
+    assert kernels.fused_logits_launcher(t, _outputs(2, 3), fast=True, read_first=True).read_first
+    assert not kernels.fused_logits_launcher(t, _outputs(2, 3), fast=True).read_first  # off by default
+    with pytest.raises(ValueError, match="read_first"):
+        kernels.fused_logits_launcher(t, _outputs(2, 3), fast=True, rule="block", read_first=True)
+    with pytest.raises(ValueError, match="read_first"):
+        kernels.fused_logits_launcher(t, _outputs(2, 3), fast=True, single=True, read_first=False)
+    with pytest.raises(ValueError, match="picks"):
+        kernels.fused_logits_launcher(t, _outputs(2, 3), fast=True, single=True, sample="picks")
+    batch = kernels.READ_FIRST_MAX_BATCH + 1
+    wide = kernels.LogitsTensors(torch.zeros(batch, 1, dtype=torch.int64), torch.zeros(batch, 2, 64),
+                                 torch.zeros(batch, 1, 64), torch.ones(batch), torch.ones(batch), torch.zeros(batch, 1),
+                                 torch.zeros(batch, 64))
+    with pytest.raises(ValueError, match="read_first"):
+        kernels.fused_logits_launcher(wide, _outputs(batch, 1), fast=True, read_first=True)
+
+
 def test_a_split_cap_needs_the_default_plan():
     t = _logits_tensors(torch.float32)
     with pytest.raises(ValueError, match="stats_max_splits"):
