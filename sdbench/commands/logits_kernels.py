@@ -267,6 +267,19 @@ def _launches(variant: str, w, batch: int, gamma: int, vocab: int, sms: int, tim
     return shipped, tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, **same, timeline=True)
 
 
+def launch_plans(run, element_size: int) -> tuple[dict | None, dict | None]:
+    """A fused_logits launch's pass-1 and race plans as a row records them (the programs an SM holds, as compiled,
+    with pass 1's), or (None, None) for a launch that has none (the peer's)."""
+    plans = getattr(run, "plans", None)
+    if plans is None:
+        return None, None
+    stats, race = plans
+    per_sm = getattr(run, "programs_per_sm", None) or (None, None)  # (pass 1, race), as compiled
+    return (dict(span=stats.span, splits=stats.splits, tile=stats.tile or tk.stats_tile(element_size),
+                 num_warps=stats.num_warps or tk.STATS_WARPS, per_sm=per_sm[0], race_per_sm=per_sm[1]),
+            dict(rows=race.rows, steps=race.steps, programs=race.programs, num_warps=race.num_warps))
+
+
 def launch_choices(run) -> dict | None:
     """What a fused_logits launch resolved (where the scan runs, who combines, PDL, the race's load order, pass 1's
     program order, how the residual token is drawn), so a row says what its variant ran whatever the defaults were
@@ -319,14 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         for l2 in args.l2.split(","):
             for variant, run in calls.items():
                 kernels, total = per_kernel_us(run, args.iters, flushes[l2])
-                plan = getattr(run, "plans", (None,))[0]  # pass 1's (fused_logits)
-                per_sm = getattr(run, "programs_per_sm", None) or (None, None)  # (pass 1, race), as compiled
-                plan = None if plan is None else dict(
-                    span=plan.span, splits=plan.splits, tile=plan.tile or tk.stats_tile(w.target_logits.element_size()),
-                    num_warps=plan.num_warps or tk.STATS_WARPS, per_sm=per_sm[0], race_per_sm=per_sm[1])
+                plan, race_plan = launch_plans(run, w.target_logits.element_size())
                 rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant, total=total,
                                  floor=floor_us, copy_tbps=args.copy_tbps, kernels=kernels, pass1_plan=plan,
-                                 choices=launch_choices(run), git_sha=git_sha))
+                                 race_plan=race_plan, choices=launch_choices(run), git_sha=git_sha))
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "
                       f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items())
                       + (f" | splits {plan['splits']}" if plan else ""), flush=True)

@@ -211,7 +211,7 @@ def test_a_row_records_what_the_launch_resolved():
     resolved alike; a launcher without them (the peer's) records none."""
     import torch
 
-    from sdbench.commands.logits_kernels import launch_choices
+    from sdbench.commands.logits_kernels import launch_choices, launch_plans
 
     batch, gamma, vocab = 2, 3, 5000
     t = tk.LogitsTensors(torch.zeros(batch, gamma, dtype=torch.int64), torch.zeros(batch, gamma + 1, vocab),
@@ -230,3 +230,10 @@ def test_a_row_records_what_the_launch_resolved():
                                           "sample": sample or "cdf"}
     assert launch_choices(tk.fused_logits_launcher(t, outputs, True, 0, 0, scan="kernel"))["tokens_first"] is False
     assert launch_choices(lambda: None) is None
+    # the plans it ran: pass 1's and the race's (a race program's steps among them)
+    stats, race = tk.StatsPlan(span=1024, splits=5), tk.RacePlan(rows=256, steps=3, programs=4, num_warps=2)
+    launch = tk.fused_logits_launcher(t, outputs, True, 0, 0, stats_plan_=stats, race_plan=race)
+    assert launch_plans(launch, 4) == (
+        dict(span=1024, splits=5, tile=tk.stats_tile(4), num_warps=tk.STATS_WARPS, per_sm=None, race_per_sm=None),
+        dict(rows=256, steps=3, programs=4, num_warps=2))
+    assert launch_plans(lambda: None, 4) == (None, None)
