@@ -1804,9 +1804,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if stats_plan_ is not None and stats_max_splits != STATS_SPLITS_BELOW_WAVE:
         raise ValueError("stats_max_splits shapes the default pass-1 plan; with stats_plan_ given it would do nothing")
     batch, gamma, vocab = t.shape
-    if read_first and (rule != "token" or batch > READ_FIRST_MAX_BATCH):
-        raise ValueError(f"read_first orders the programs the token rule leaves empty, up to B = {READ_FIRST_MAX_BATCH}")
-    read_first = bool(read_first)  # (None only so that single=True can refuse a choice)
+    read_first = bool(read_first)  # (None only so that single=True can refuse a choice; `_stats_launch` checks it)
     device = t.draft_tokens.device
     if pdl is None:  # wherever it is available
         pdl = pdl_available(device)
