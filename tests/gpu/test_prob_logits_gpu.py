@@ -470,13 +470,15 @@ def test_drawing_by_the_race_makes_the_peers_draws(dtype):
         assert torch.equal(race[name], vllm[name]), name
 
 
-SPREAD_VOCAB = 8192  # 16 live columns, two in each 1024-column race chunk of the first 8
+SPREAD_VOCAB = 8192  # 16 live columns, four in each of the first four 1024-column race chunks (of 8)
 
 
 def _spread(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[rows, 16] logits placed at columns 512·i + 100 of [rows, SPREAD_VOCAB] (-1e4 elsewhere: p = q = 0
-    there in float32), and those columns."""
-    columns = torch.arange(16) * 512 + 100
+    """[rows, 16] logits placed at columns 1024·c + 512·l + 100 + j of [rows, SPREAD_VOCAB] for live column
+    i = 4c + 2l + j (-1e4 elsewhere: p = q = 0 there in float32), and those columns: chunk c holds two lanes
+    (`_race_vec`: 4 or 8 columns, both start at column 96 or 100 + 512) of two adjacent live columns."""
+    i = torch.arange(16)
+    columns = (i // 4) * 1024 + ((i // 2) % 2) * 512 + 100 + i % 2
     wide = torch.full((logits.shape[0], SPREAD_VOCAB), -1e4)
     wide[:, columns] = logits
     return wide, columns
@@ -506,7 +508,7 @@ def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4, sample: str
                                   w.draft_temperature, w.uniforms, w.exponential_noise), out, fast=True, seed=w.seed,
             offset=w.offset, sample=sample)
         race = launch.plans[1]
-        # the inversion's two levels: 8 chunks of 1024 columns, two live ones in each
+        # the inversion's levels: 8 chunks of 1024 columns, four live ones in each of the first four
         assert launch.sample == sample and (4 * race.rows, race.programs * race.steps) == (1024, 8), race
         launch()
         tokens = out["output_tokens"]
@@ -521,25 +523,27 @@ def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4, sample: str
 def test_inversion_over_several_chunks_is_exact(dtype, sample):
     """Fast mode's residual draw by inversion (`_cdf_pick`: a chunk from the race programs' chunk masses,
     then a column within it; "picks": each program's candidate in its chunk, `_pick_in_chunk`, and the chunk chosen
-    by mass, `_chunk_choice`) where the residual spreads over 8 chunks, two live columns in each: the
+    by mass, `_chunk_choice`) where the residual spreads over 4 chunks, two lanes of two live columns in each: the
     tokens' distribution is the target's (χ², test_prob_exactness's checks, p-value > 1e-3), and never a
-    dead column. Must fail: the same draws read with the chunks' order shifted by one (a chunk-level
-    mistake of the inversion, `_chunk_shifted`) fail the first-token check."""
+    dead column. Must fail, the first-token check on the same draws with each drawn token moved (`_drawn_moved`):
+    to the next chunk (a chunk-level mistake of the inversion), to the other lane of its chunk or to its neighbour
+    in its lane (within-chunk mistakes)."""
     outputs, (target, draft) = _spread_draws(dtype, sample=sample)
     p, q = target.softmax(dim=1), draft.softmax(dim=1)
     assert int((outputs["output_tokens"] == 16).sum()) == 0
     pvalues = exactness_pvalues(outputs, p, q)
     assert min(pvalues.values()) > SIGNIFICANCE, pvalues
-    assert exactness_pvalues({**outputs, "output_tokens": _chunk_shifted(outputs)}, p, q)["first_token"] < SIGNIFICANCE
+    for move in (lambda i: (i + 4) % 16, lambda i: i ^ 2, lambda i: i ^ 1):
+        moved = {**outputs, "output_tokens": _drawn_moved(outputs, move)}
+        assert exactness_pvalues(moved, p, q)["first_token"] < SIGNIFICANCE
 
 
-def _chunk_shifted(outputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The tokens with each drawn one (position k: a residual or bonus draw) moved to the next chunk's live
-    column (live column 2c + j to 2(c + 1) + j): the inversion picking the wrong chunk, the accepted drafts
-    left alone."""
+def _drawn_moved(outputs: dict[str, torch.Tensor], move) -> torch.Tensor:
+    """The tokens with each drawn one (position k: a residual or bonus draw) moved to live column move(i) (see
+    `_spread`), the accepted drafts left alone."""
     tokens, k = outputs["output_tokens"].clone(), outputs["accepted_lengths"]
     rows = torch.arange(tokens.shape[0])
-    tokens[rows, k] = (tokens[rows, k] + 2) % 16
+    tokens[rows, k] = move(tokens[rows, k])
     return tokens
 
 

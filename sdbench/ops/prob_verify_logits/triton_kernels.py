@@ -878,35 +878,53 @@ def _cdf_uniform(seed, b, offset, counter):
 
 
 @triton.jit
-def _pick_in_chunk(w, chunk, b, seed, offset, CHUNK: tl.constexpr):
+def _pick_in_chunk(w, chunk, b, seed, offset, CHUNK: tl.constexpr, VEC: tl.constexpr):
     """sample "picks": a race program's candidate column in its chunk `chunk` of CHUNK columns, whose max(w, 0) it
-    holds in registers (w: [lanes, VEC], column order when flattened), drawn by inversion on the chunk's own
-    uniform u_c: the first column whose float64 cumulative w exceeds u_c·Σ_c w. -1 where the chunk has no w > 0.
+    holds in registers (w: [lanes, VEC], lanes of VEC adjacent columns), drawn by inversion on the chunk's own
+    uniform u_c: the first positive column whose float64 cumulative w exceeds u_c·Σ_c w, or the chunk's last positive
+    one where rounding left none past it. The cumulative sum is each lane's VEC columns added in its thread, then a
+    scan over the lane sums, so no column leaves its thread (a scan over the flattened chunk moved the whole chunk
+    through shared memory: docs/perf-notes.md, "Session 38"). -1 where the chunk has no w > 0.
     With `_chunk_choice` picking chunk c with probability m_c / M, a column is drawn with probability
     (m_c / M)·(w_x / Σ_c w), what `_cdf_pick` draws, from independent uniforms instead of one."""
-    flat = tl.reshape(w, [CHUNK]).to(tl.float64)
-    within = tl.cumsum(flat, axis=0)
-    u = _cdf_uniform(seed, b, offset, chunk + 1)
-    below = tl.sum((within <= u * tl.sum(flat, axis=0)).to(tl.int32), axis=0)
-    last_col = tl.max(tl.where(flat > 0, tl.arange(0, CHUNK), -1), axis=0)
-    return tl.where(last_col >= 0, chunk * CHUNK + tl.minimum(below, last_col), -1)
+    within = tl.arange(0, CHUNK // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]  # column order
+    w = w.to(tl.float64)
+    lane_sum = tl.sum(w, axis=1)
+    # each column's cumulative w: its lane's start (the scan) plus its run within the lane (in the thread)
+    running = (tl.cumsum(lane_sum, axis=0) - lane_sum)[:, None] + tl.cumsum(w, axis=1)
+    threshold = _cdf_uniform(seed, b, offset, chunk + 1) * tl.sum(lane_sum, axis=0)
+    # w > 0: the running sum is flat across a zero, so in exact arithmetic the first column past u_c·Σ is positive
+    first = tl.min(tl.where((running > threshold) & (w > 0), within, CHUNK))
+    last_col = tl.max(tl.where(w > 0, within, -1))
+    return tl.where(last_col >= 0, chunk * CHUNK + tl.where(first < CHUNK, first, last_col), -1)
+
+
+@triton.jit
+def _chunk_by_mass(chunk_mass_ptr, b, chunks, seed, offset, CHUNKS_PAD: tl.constexpr):
+    """The inversion's first level, on one 53-bit uniform u (counter 0): the chunk c whose float64 cumulative mass
+    first exceeds u·M (M = Σ of the `chunks` float32 chunk masses m_c at chunk_mass_ptr, written by the race
+    programs). Returns (c, u·M - Σ_{c' < c} m_c', m_c, whether M > 0); c is 0 when M = 0, so that a caller's
+    reads stay inside the row (its result is then unused)."""
+    index = tl.arange(0, CHUNKS_PAD)
+    mass = tl.load(chunk_mass_ptr + b * chunks + index, mask=index < chunks, other=0.0,
+                   cache_modifier=".cg").to(tl.float64)
+    cumulative = tl.cumsum(mass, axis=0)
+    threshold = _cdf_uniform(seed, b, offset, tl.zeros([], tl.int32)) * tl.sum(mass, axis=0)
+    last = tl.max(tl.where(mass > 0, index, -1), axis=0)  # masses are >= 0: M > 0 exactly when last >= 0
+    chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
+    chunk_mass = tl.sum(tl.where(index == chunk, mass, 0.0), axis=0)
+    before = tl.sum(tl.where(index == chunk, cumulative, 0.0), axis=0) - chunk_mass
+    return chunk, threshold - before, chunk_mass, last >= 0
 
 
 @triton.jit
 def _chunk_choice(chunk_mass_ptr, chunk_pick_ptr, b, chunks, seed, offset, CHUNKS_PAD: tl.constexpr):
-    """sample "picks", the last arrival: the chunk c whose float64 cumulative mass first exceeds u·M (as `_cdf_pick`
-    chooses it), and the candidate c's program stored (`_pick_in_chunk`): no chunk read again. -1 when M = 0."""
-    index = tl.arange(0, CHUNKS_PAD)
-    mass = tl.load(chunk_mass_ptr + b * chunks + index, mask=index < chunks, other=0.0,
-                   cache_modifier=".cg").to(tl.float64)
+    """sample "picks", the last arrival: the chunk `_chunk_by_mass` chooses (as `_cdf_pick` chooses it), and the
+    candidate c's program stored (`_pick_in_chunk`): no chunk read again. -1 when M = 0."""
+    index = tl.arange(0, CHUNKS_PAD)  # every candidate loads beside the masses, not after the choice
     picks = tl.load(chunk_pick_ptr + b * chunks + index, mask=index < chunks, other=-1, cache_modifier=".cg")
-    cumulative = tl.cumsum(mass, axis=0)
-    total = tl.sum(mass, axis=0)
-    threshold = _cdf_uniform(seed, b, offset, tl.zeros([], tl.int32)) * total
-    last = tl.max(tl.where(mass > 0, index, -1), axis=0)
-    chunk = tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last)
-    pick = tl.sum(tl.where(index == chunk, picks, 0), axis=0)
-    return tl.where((total > 0) & (last >= 0), pick, -1)
+    chunk, _, _, any_mass = _chunk_by_mass(chunk_mass_ptr, b, chunks, seed, offset, CHUNKS_PAD)
+    return tl.where(any_mass, tl.sum(tl.where(index == chunk, picks, 0), axis=0), -1)
 
 
 @triton.jit
@@ -914,26 +932,15 @@ def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft
               max_t, sum_t, max_d, sum_d, arg_d, target_scale, seed, offset,
               CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr, SCALED: tl.constexpr):
     """Fast mode's residual draw by inversion, two levels, with one 53-bit uniform u (two Philox words):
-    the chunk c whose float64 cumulative mass first exceeds u·M (M = Σ of the `chunks` float32 chunk
-    masses m_c at chunk_mass_ptr, written by the race programs), then, within c's CHUNK columns (computed
-    again: the same floats), the first column whose float64 cumulative w exceeds the same fraction of c's
-    own float64 sum. A column is drawn with probability (m_c / M)·(w_x / Σ_c w): w_x / M up to the
-    float32 rounding of m_c (a relative ~1e-7, as the race's w/E keys have), so no column's probability is
-    quantised by u's or a running sum's resolution. m_c is the chunk's tl.sum, so the draw depends on the
-    race plan's chunking through that rounding only. Returns the column, or -1 when M = 0."""
-    index = tl.arange(0, CHUNKS_PAD)
-    mass = tl.load(chunk_mass_ptr + b * chunks + index, mask=index < chunks, other=0.0,
-                   cache_modifier=".cg").to(tl.float64)
-    cumulative = tl.cumsum(mass, axis=0)
-    total = tl.sum(mass, axis=0)
-    threshold = _cdf_uniform(seed, b, offset, tl.zeros([], tl.int32)) * total
-    last = tl.max(tl.where(mass > 0, index, -1), axis=0)
-    # >= 0: with M = 0 (last = -1) the chunk read below must still be inside the row (the result is unused)
-    chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
-    chunk_mass = tl.sum(tl.where(index == chunk, mass, 0.0), axis=0)
-    before = tl.sum(tl.where(index == chunk, cumulative, 0.0), axis=0) - chunk_mass
-    # >= 0: `before` may round an ulp above the threshold; 0 then takes the chunk's first positive column
-    fraction = tl.maximum((threshold - before) / tl.where(chunk_mass > 0, chunk_mass, 1.0), 0.0)
+    the chunk c by its mass (`_chunk_by_mass`), then, within c's CHUNK columns (computed again: the same
+    floats), the first column whose float64 cumulative w exceeds the same fraction of c's own float64 sum.
+    A column is drawn with probability (m_c / M)·(w_x / Σ_c w): w_x / M up to the float32 rounding of m_c
+    (a relative ~1e-7, as the race's w/E keys have), so no column's probability is quantised by u's or a
+    running sum's resolution. m_c is the chunk's tl.sum, so the draw depends on the race plan's chunking
+    through that rounding only. Returns the column, or -1 when M = 0."""
+    chunk, remainder, chunk_mass, any_mass = _chunk_by_mass(chunk_mass_ptr, b, chunks, seed, offset, CHUNKS_PAD)
+    # >= 0: `remainder` may round an ulp below 0; 0 then takes the chunk's first positive column
+    fraction = tl.maximum(remainder / tl.where(chunk_mass > 0, chunk_mass, 1.0), 0.0)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     w = _row_residual(target_row, draft_row, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d,
                       max_t, sum_t, max_d, sum_d, arg_d, target_scale, True, True, SCALED)
@@ -945,7 +952,7 @@ def _cdf_pick(chunk_mass_ptr, target_row, draft_row, b, vocab, chunks, has_draft
     pick = chunk * CHUNK + tl.minimum(below, last_col)
     # last_col < 0 only if the recomputed chunk disagreed with its stored mass (it cannot: the same floats);
     # never return a column outside the chunk: -1 sends the caller to the target's own draw
-    return tl.where((total > 0) & (last >= 0) & (last_col >= 0), pick, -1)
+    return tl.where(any_mass & (last_col >= 0), pick, -1)
 
 
 @triton.jit
@@ -1178,7 +1185,7 @@ def _race_program(
                 tl.store(chunk_mass_ptr + b * chunks * STEPS + first + step, chunk_sum)
                 if PICKS:
                     tl.store(chunk_pick_ptr + b * chunks * STEPS + first + step,
-                             _pick_in_chunk(tl.maximum(w, 0.0), first + step, b, seed, offset, 4 * ROWS))
+                             _pick_in_chunk(tl.maximum(w, 0.0), first + step, b, seed, offset, 4 * ROWS, VEC))
                 cols, z_t, z_d = next_cols, next_t, next_d
                 if step == STEPS - 1:
                     _mark(timeline_ptr, mark + 2, chunk_sum.to(tl.int32, bitcast=True), TIMELINE)
@@ -1657,8 +1664,11 @@ def _pdl_meta(pdl: bool) -> dict:
 
 def _race_vec(element_size: int, race_rows: int, num_warps: int) -> int:
     """The race's inversion lanes: 16 bytes of logits a lane where every thread still gets a lane (chunks of
-    4·race_rows columns over num_warps warps; 1024 bf16 columns at 4 warps is one lane a thread)."""
-    return max(1, min(16 // element_size, 4 * race_rows // (32 * num_warps)))
+    4·race_rows columns over num_warps warps; 1024 bf16 columns at 4 warps is one lane a thread). Interpreted, where
+    no thread exists, 16 bytes a lane in at least four lanes a chunk, so the CPU tests run lanes of several columns,
+    as the GPU does."""
+    threads = 4 if INTERPRETED else 32 * num_warps
+    return max(1, min(16 // element_size, 4 * race_rows // threads))
 
 
 def partials_stride(splits: int) -> int:

@@ -343,14 +343,16 @@ def test_torch_eager_fast_mode_is_exact_per_temperature(rounds_mixed):
 # --- fast mode's inversion (sample "cdf", `_cdf_pick`) over several chunks, under the interpreter ------------
 INTERPRETER_CHUNK_ROUNDS = 800  # ~0.1 s per round interpreted; the GPU test runs 10^5 (test_prob_logits_gpu.py)
 CHUNK_VOCAB, CHUNK_LIVE = 64, 16  # interpreted, a race chunk is 16 columns: four live columns in each of 4 chunks
+LIVE_IN_CHUNK = (1, 2, 9, 10)  # interpreted, a race lane is 4 columns (`_race_vec`): two live in lanes 0 and 2
 
 
 def chunk_spread_logits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """fixed_logits over CHUNK_LIVE columns (γ = 1), placed at columns 4·i + 1 of CHUNK_VOCAB (-1e4 elsewhere: p = q
-    = 0 there in float32), and those columns. With seed 0 the residual max(0, p_0 - q_0) is positive at 3 or 4
-    columns of every chunk and a round rejects with probability 0.67, so both levels of the draw have choices."""
+    """fixed_logits over CHUNK_LIVE columns (γ = 1), placed at columns 16·c + LIVE_IN_CHUNK of CHUNK_VOCAB (-1e4
+    elsewhere: p = q = 0 there in float32), and those columns. With seed 0 the residual max(0, p_0 - q_0) is positive
+    at 3 or 4 columns of every chunk, at both columns of a lane in 7 of the 8 lanes, and a round rejects with
+    probability 0.67, so the draw chooses between chunks, between a chunk's lanes and between neighbours."""
     target, draft = fixed_logits(vocab=CHUNK_LIVE, gamma=1, seed=0)
-    columns = torch.arange(CHUNK_LIVE) * (CHUNK_VOCAB // CHUNK_LIVE) + 1
+    columns = (torch.arange(CHUNK_LIVE) // 4) * 16 + torch.tensor(LIVE_IN_CHUNK).repeat(CHUNK_LIVE // 4)
     wide_target = torch.full((2, CHUNK_VOCAB), -1e4)
     wide_draft = torch.full((1, CHUNK_VOCAB), -1e4)
     wide_target[:, columns], wide_draft[:, columns] = target, draft
@@ -379,7 +381,8 @@ def chunk_spread_draws(rounds: int, sample: str = "cdf") -> dict[str, list]:
     race = launch.plans[1]
     return {"output_tokens": torch.where(tokens >= 0, index[tokens.clamp_min(0)], tokens).tolist(),
             "accepted_lengths": out["accepted_lengths"].tolist(), "sample": launch.sample,
-            "chunk_columns": 4 * race.rows, "chunks": race.programs * race.steps}
+            "chunk_columns": 4 * race.rows, "chunks": race.programs * race.steps,
+            "lane_columns": kernels._race_vec(w.target_logits.element_size(), race.rows, race.num_warps)}
 
 
 INTERPRETER_CHUNKS_CHI2 = """
@@ -396,14 +399,15 @@ def test_inversion_over_chunks_is_exact_under_the_interpreter(sample):
     """Fast mode's inversion (`_cdf_pick`: a chunk by its mass, then a column within the chunk, read again; "picks":
     a column within each chunk by its program, `_pick_in_chunk`, then the chunk by its mass, `_chunk_choice`)
     emits the token rule's distribution (χ², p-value > 1e-3) where the residual spreads over 4 chunks,
-    with 3-4 positive columns in each, and never a dead column. Must fail, the first-token check on the same draws
-    with each drawn token moved: to the next chunk's column (a chunk-level mistake), or to its neighbour within
-    the chunk (a mistake of the within-chunk level)."""
+    with 3-4 positive columns in each, two lanes of two live columns a chunk, and never a dead column. Must fail,
+    the first-token check on the same draws with each drawn token moved: to the next chunk's column (a chunk-level
+    mistake), to the other lane of its chunk, or to its neighbour within its lane (within-chunk mistakes)."""
     pytest.importorskip("triton")
     script = INTERPRETER_CHUNKS_CHI2.format(here=str(Path(__file__).resolve().parent), rounds=INTERPRETER_CHUNK_ROUNDS,
                                             sample=sample)
     report = run_interpreted(script, timeout=900)
     assert report["sample"] == sample and report["chunks"] == 4 and report["chunk_columns"] == 16, report
+    assert report["lane_columns"] == 4, report
     outputs = {name: torch.tensor(report[name]) for name in ("output_tokens", "accepted_lengths")}
     assert int((outputs["output_tokens"] == CHUNK_LIVE).sum()) == 0
     wide_target, wide_draft, columns = chunk_spread_logits()
@@ -413,7 +417,8 @@ def test_inversion_over_chunks_is_exact_under_the_interpreter(sample):
     pvalues = exactness_pvalues(outputs, p, q)
     assert min(pvalues.values()) > SIGNIFICANCE, pvalues
     rows, k = torch.arange(outputs["output_tokens"].shape[0]), outputs["accepted_lengths"]
-    for moved in (lambda x: (x + CHUNK_LIVE // 4) % CHUNK_LIVE, lambda x: x ^ 1):  # next chunk; neighbour within
+    # next chunk; the other lane; the neighbour within the lane
+    for moved in (lambda x: (x + CHUNK_LIVE // 4) % CHUNK_LIVE, lambda x: x ^ 2, lambda x: x ^ 1):
         tokens = outputs["output_tokens"].clone()
         tokens[rows, k] = moved(tokens[rows, k])  # the drawn token only (position k)
         assert exactness_pvalues({**outputs, "output_tokens": tokens}, p, q)["first_token"] < SIGNIFICANCE
