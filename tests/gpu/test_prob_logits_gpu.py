@@ -475,8 +475,9 @@ SPREAD_VOCAB = 8192  # 16 live columns, four in each of the first four 1024-colu
 
 def _spread(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[rows, 16] logits placed at columns 1024·c + 512·l + 100 + j of [rows, SPREAD_VOCAB] for live column
-    i = 4c + 2l + j (-1e4 elsewhere: p = q = 0 there in float32), and those columns: chunk c holds two lanes
-    (`_race_vec`: 4 or 8 columns, both start at column 96 or 100 + 512) of two adjacent live columns."""
+    i = 4c + 2l + j (-1e4 elsewhere: p = q = 0 there in float32), and those columns: chunk c holds two lanes of two
+    adjacent live columns (`_race_vec`: lanes of 8 columns for bf16, 4 for fp32; 100, 101 sit in the lane that starts
+    at 96 or 100, and 612, 613 in the one at 608 or 612)."""
     i = torch.arange(16)
     columns = (i // 4) * 1024 + ((i // 2) % 2) * 512 + 100 + i % 2
     wide = torch.full((logits.shape[0], SPREAD_VOCAB), -1e4)

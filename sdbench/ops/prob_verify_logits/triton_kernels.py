@@ -870,7 +870,7 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
 @triton.jit
 def _cdf_uniform(seed, b, offset, counter):
     """Fast mode's 53-bit uniform in [0, 1) (two Philox words) on the inversion's stream, keyed by (b, offset) and a
-    counter: 0 the chunk's choice (`_cdf_pick`, `_chunk_choice`), 1 + c chunk c's own (`_pick_in_chunk`)."""
+    counter: 0 the chunk's choice (`_chunk_by_mass`), 1 + c chunk c's own (`_pick_in_chunk`)."""
     zero = tl.zeros([1], tl.uint32)
     r0, r1, _, _ = tl.philox(seed, zero + counter.to(tl.uint32), zero + b.to(tl.uint32), zero + offset.to(tl.uint32),
                              zero + STREAM_CDF)
@@ -883,8 +883,8 @@ def _pick_in_chunk(w, chunk, b, seed, offset, CHUNK: tl.constexpr, VEC: tl.const
     holds in registers (w: [lanes, VEC], lanes of VEC adjacent columns), drawn by inversion on the chunk's own
     uniform u_c: the first positive column whose float64 cumulative w exceeds u_c·Σ_c w, or the chunk's last positive
     one where rounding left none past it. The cumulative sum is each lane's VEC columns added in its thread, then a
-    scan over the lane sums, so no column leaves its thread (a scan over the flattened chunk moved the whole chunk
-    through shared memory: docs/perf-notes.md, "Session 38"). -1 where the chunk has no w > 0.
+    scan over the lane sums (the flattened chunk's scan spilled 8 bytes; this one is no faster: docs/perf-notes.md,
+    "Session 38"). -1 where the chunk has no w > 0.
     With `_chunk_choice` picking chunk c with probability m_c / M, a column is drawn with probability
     (m_c / M)·(w_x / Σ_c w), what `_cdf_pick` draws, from independent uniforms instead of one."""
     within = tl.arange(0, CHUNK // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]  # column order
@@ -904,17 +904,19 @@ def _chunk_by_mass(chunk_mass_ptr, b, chunks, seed, offset, CHUNKS_PAD: tl.const
     """The inversion's first level, on one 53-bit uniform u (counter 0): the chunk c whose float64 cumulative mass
     first exceeds u·M (M = Σ of the `chunks` float32 chunk masses m_c at chunk_mass_ptr, written by the race
     programs). Returns (c, u·M - Σ_{c' < c} m_c', m_c, whether M > 0); c is 0 when M = 0, so that a caller's
-    reads stay inside the row (its result is then unused)."""
+    reads stay inside the row (its result is then unused). M > 0 is tested as well as a positive mass, so that a NaN
+    mass (NaN logits) sends the caller to the target's own draw, as before this helper."""
     index = tl.arange(0, CHUNKS_PAD)
     mass = tl.load(chunk_mass_ptr + b * chunks + index, mask=index < chunks, other=0.0,
                    cache_modifier=".cg").to(tl.float64)
     cumulative = tl.cumsum(mass, axis=0)
-    threshold = _cdf_uniform(seed, b, offset, tl.zeros([], tl.int32)) * tl.sum(mass, axis=0)
-    last = tl.max(tl.where(mass > 0, index, -1), axis=0)  # masses are >= 0: M > 0 exactly when last >= 0
+    total = tl.sum(mass, axis=0)
+    threshold = _cdf_uniform(seed, b, offset, tl.zeros([], tl.int32)) * total
+    last = tl.max(tl.where(mass > 0, index, -1), axis=0)
     chunk = tl.maximum(tl.minimum(tl.sum((cumulative <= threshold).to(tl.int32), axis=0), last), 0)
     chunk_mass = tl.sum(tl.where(index == chunk, mass, 0.0), axis=0)
     before = tl.sum(tl.where(index == chunk, cumulative, 0.0), axis=0) - chunk_mass
-    return chunk, threshold - before, chunk_mass, last >= 0
+    return chunk, threshold - before, chunk_mass, (total > 0) & (last >= 0)
 
 
 @triton.jit
@@ -1665,8 +1667,8 @@ def _pdl_meta(pdl: bool) -> dict:
 def _race_vec(element_size: int, race_rows: int, num_warps: int) -> int:
     """The race's inversion lanes: 16 bytes of logits a lane where every thread still gets a lane (chunks of
     4·race_rows columns over num_warps warps; 1024 bf16 columns at 4 warps is one lane a thread). Interpreted, where
-    no thread exists, 16 bytes a lane in at least four lanes a chunk, so the CPU tests run lanes of several columns,
-    as the GPU does."""
+    no thread exists, up to 16 bytes a lane and at least four lanes a chunk, so the CPU tests run lanes of several
+    columns, as the GPU does."""
     threads = 4 if INTERPRETED else 32 * num_warps
     return max(1, min(16 // element_size, 4 * race_rows // threads))
 
