@@ -212,9 +212,9 @@ def test_reading_programs_first_changes_no_output(point, randomness):
     """Pass 1's reading programs launched first (`_read_first`, an option up to B = READ_FIRST_MAX_BATCH) against
     row order (the default), with row order's plans (the option compiles to other registers, and the launcher's own
     re-plan could then split pass 1 otherwise): the same tokens, lengths and flags bit for bit (the same partials,
-    computed by other programs), for three calls in a row, eager and replayed in a graph. Mixed batches (one request in four greedy, one in two),
-    all greedy, all sampled, the largest batch it applies to (b = 1024) and a batch that pads (7). The launch
-    reports the order it ran; supplied randomness, the reference agrees."""
+    computed by other programs), for three calls in a row, eager and replayed in a graph. Mixed batches (one request
+    in four greedy, one in two), all greedy, all sampled, the largest batch it applies to (b = 1024) and a batch that
+    pads (7). The launch reports the order it ran; supplied randomness, the reference agrees."""
     from sdbench.ops.prob_verify_logits import reference
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs

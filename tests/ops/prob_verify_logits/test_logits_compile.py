@@ -19,8 +19,8 @@ POINTER_TYPES = {  # the dtypes fused_logits_launcher passes (logits: bf16 here)
     "target_ptr": "*bf16", "draft_ptr": "*bf16", "draft_tokens_ptr": "*i64", "stats_arg_ptr": "*i32",
     "row_arg_ptr": "*i32", "arrivals_ptr": "*i32", "accepted_lengths_ptr": "*i64", "next_tokens_ptr": "*i64",
     "output_tokens_ptr": "*i64", "error_flags_ptr": "*i32", "best_ptr": "*i64", "offsets_ptr": "*i64",
-    "stop_ptr": "*i32", "sequence_arrivals_ptr": "*i32", "chunk_mass_ptr": "*fp32", "chunk_pick_ptr": "*i32", "stop_stats_ptr": "*fp32",
-    "done_ptr": "*i32", "timeline_ptr": "*i64",
+    "stop_ptr": "*i32", "sequence_arrivals_ptr": "*i32", "chunk_mass_ptr": "*fp32", "chunk_pick_ptr": "*i32",
+    "stop_stats_ptr": "*fp32", "done_ptr": "*i32", "timeline_ptr": "*i64",
 }
 SCALARS = {"seed": "i64"}  # every other scalar argument: i32
 
