@@ -111,6 +111,24 @@ def test_graph_replay_equals_eager(name, vocab):
     assert bool((run.philox_offsets == fast.offset + 1).all())
 
 
+@pytest.mark.parametrize("point,one_chunk", [((32, 16, 32000, "bfloat16"), True), ((32, 4, 128256, "bfloat16"), False)])
+def test_fast_mode_draws_by_picks_where_a_race_program_takes_one_chunk(point, one_chunk):
+    """`default_picks`: at b = 32, V = 32000 the H200's race plan gives each program one chunk and fast mode draws by
+    "picks"; at V = 128256, several chunks a program, by "cdf" (docs/perf-notes.md, "Session 39"). Supplied
+    randomness is the race either way."""
+    from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+    from sdbench.ops.prob_verify_logits.common import allocate_outputs
+
+    batch, gamma, vocab, dtype = point
+    w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, seed=74), DEVICE)
+    inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
+                                   w.draft_temperature, w.uniforms, w.exponential_noise)
+    launch = kernels.fused_logits_launcher(inputs, allocate_outputs(w), fast=True)
+    assert (launch.plans[1].steps == 1) == one_chunk, launch.plans
+    assert launch.sample == ("picks" if one_chunk else "cdf")
+    assert kernels.fused_logits_launcher(inputs, allocate_outputs(w), fast=False).sample == "race"
+
+
 @pytest.mark.parametrize("sample", ["race", "cdf", "picks"])  # the race's best keys, or the inversion's chunk masses
 @pytest.mark.parametrize("scan", ["race", "pass1", "kernel"])
 def test_fused_logits_leaves_its_race_scratch_zeroed(scan, sample):
@@ -142,7 +160,9 @@ def test_where_the_scan_runs_changes_no_output(randomness):
     results = []
     for scan in (None, "pass1", "race"):
         outputs = allocate_outputs(w)
-        launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed, scan=scan)
+        # (sample "cdf": "picks" draws per chunk of the race plan, which each variant's compiled registers size)
+        launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed, scan=scan,
+                                               sample="cdf")
         launch()
         results.append((launch.scan, {key: value.clone() for key, value in outputs.items()}))
     torch.cuda.synchronize()
@@ -177,8 +197,9 @@ def test_reading_only_the_needed_rows_changes_no_output(point, randomness):
     runs = {}
     for scan, lean in itertools.product(("race", "kernel"), (True, False)):
         outputs = allocate_outputs(w)
+        # (sample "cdf": "picks" draws per chunk of the race plan, which each variant's compiled registers size)
         launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed, scan=scan,
-                                               lean_scan=lean)
+                                               lean_scan=lean, sample="cdf")
         calls = []
         for _ in range(3):
             parity.poison(outputs)
@@ -353,8 +374,9 @@ def test_programmatic_dependent_launch_changes_no_output(rule, scan, randomness)
     calls = {}
     for pdl, tokens_first in orders:
         outputs = allocate_outputs(first)
+        # (sample "cdf": "picks" draws per chunk of the race plan, which each variant's compiled registers size)
         launch = kernels.fused_logits_launcher(inputs, outputs, fast=fast, seed=13, rule=rule, scan=scan, pdl=pdl,
-                                               tokens_first=tokens_first)
+                                               tokens_first=tokens_first, sample="cdf")
         assert launch.pdl == pdl
         key = (pdl, tokens_first)
         calls[key] = []
@@ -608,7 +630,8 @@ def test_one_launch_draws_what_two_launches_draw(point):
     w = make_logits_workload(LogitsConfig(batch, gamma, vocab_size=vocab, logits_dtype=dtype, seed=61),
                              DEVICE).with_randomness("fast")
     two_out, one_out = allocate_outputs(w), allocate_outputs(w)
-    two = kernels.fused_logits_launcher(_one_launch_inputs(w), two_out, fast=True, seed=w.seed, offset=w.offset)
+    two = kernels.fused_logits_launcher(_one_launch_inputs(w), two_out, fast=True, seed=w.seed, offset=w.offset,
+                                        sample="cdf")  # (the one launch draws by "cdf" or "race", never "picks")
     one = kernels.fused_logits_launcher(_one_launch_inputs(w), one_out, fast=True, seed=w.seed, offset=w.offset,
                                         single=True)
     assert one.plans[1].rows == two.plans[1].rows  # the inversion's chunks: the same columns, the same masses

@@ -27,8 +27,9 @@ float32 rounding, see reference.py):
      one wave of programs, at least RACE_MIN_PROGRAMS a sequence, `race_steps`): program (b, c) reads its chunk
      of target row k and draft row k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with
      the row-k normalisers, and (fast mode) stores its chunks' residual masses, from which the last program to
-     arrive draws the token by inversion (`_cdf_pick`), or (supplied randomness) folds its best race key w/E
-     into best[b] with a 64-bit atomic max; the last arrival writes the outputs (greedy targets skip the row:
+     arrive draws the token by inversion (`_cdf_pick`; where a program takes one chunk, each program also draws a
+     candidate in its chunk and the last arrival only chooses the chunk: `default_picks`), or (supplied
+     randomness) folds its best race key w/E into best[b] with a 64-bit atomic max; the last arrival writes the outputs (greedy targets skip the row:
      next = argmax of row k).
   On sm_90+ (`pdl_available`) the scan kernel and the race launch with programmatic dependent launch: each
   starts its programs and loads its inputs while the kernel ahead finishes, and waits for it
@@ -79,6 +80,8 @@ from sdbench.ops.prob_verify.triton_kernels import (
     BoundLaunch,
     _accept_uniforms,
     _chunk_columns,
+    _exponential,
+    _fast_divide,
     _pack,
     _race_noise,
     _release,
@@ -108,6 +111,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 NATIVE = tl.constexpr(not INTERPRETED)  # compiled for CUDA: inline PTX (`_exp2`'s FTZ) is available
 TOKEN_OUT_OF_RANGE = tl.constexpr(_TOKEN_OUT_OF_RANGE)  # sdbench.ops.input_contract
 STREAM_CDF = tl.constexpr(2)  # fast mode's Philox stream of the residual draw by inversion (0: accept, 1: race)
+STREAM_PICK = tl.constexpr(3)  # ... and of sample "picks"' candidates (`_pick_in_chunk`)
 RACE_PROGRAMS_PER_SM = 16  # the race's programs beyond this run several chunks each (race_steps)
 RACE_CHUNK_MAX = 1024  # race columns per step: 8 per thread at 4 warps (2048: 124 registers, 1.5x slower at b=512)
 RACE_SCAN_CHUNK_MAX = 2048  # ... where the token race scans in every program (`default_race_plan`)
@@ -544,6 +548,11 @@ def _sum_min(a, x, b, y):
 
 
 @triton.jit
+def _sum_max(a, x, b, y):
+    return a + b, tl.maximum(x, y)
+
+
+@triton.jit
 def _min_max(a, x, b, y):
     return tl.minimum(a, b), tl.maximum(x, y)
 
@@ -867,10 +876,21 @@ def _row_keys(target_row, draft_row, noise, cols, vocab, has_draft, inverse_t, i
     return _pack(tl.where(residual > 0, key, -1.0), cols)
 
 
+def default_picks(rule: str, race: RacePlan) -> bool:
+    """Fast mode's default draw: "picks" (`_pick_in_chunk`, `_chunk_choice`) where each race program takes one chunk,
+    else "cdf" (`_cdf_pick`). Measured on the H200 (docs/perf-notes.md, "Session 39"), token rule, b = 32, V = 32000,
+    one chunk a program: picks moves the draw's second level off the last arrival's path (its draw 1.75 -> 0.5 µs)
+    into the programs (their chunk work +0.5 µs, run side by side) and took 0.7-1.4 µs off the total at all ten
+    point-states; with several chunks a program each pays that for every chunk, and it lost 2.5-2.7 µs (b = 128).
+    The H100 has the same SMs and L2 (GH100) and was not lent to measure it. The block rule was not measured: it
+    keeps "cdf"."""
+    return rule == "token" and race.steps == 1
+
+
 @triton.jit
 def _cdf_uniform(seed, b, offset, counter):
     """Fast mode's 53-bit uniform in [0, 1) (two Philox words) on the inversion's stream, keyed by (b, offset) and a
-    counter: 0 the chunk's choice (`_chunk_by_mass`), 1 + c chunk c's own (`_pick_in_chunk`)."""
+    counter (0: the chunk's choice, `_chunk_by_mass`)."""
     zero = tl.zeros([1], tl.uint32)
     r0, r1, _, _ = tl.philox(seed, zero + counter.to(tl.uint32), zero + b.to(tl.uint32), zero + offset.to(tl.uint32),
                              zero + STREAM_CDF)
@@ -878,25 +898,47 @@ def _cdf_uniform(seed, b, offset, counter):
 
 
 @triton.jit
-def _pick_in_chunk(w, chunk, b, seed, offset, CHUNK: tl.constexpr, VEC: tl.constexpr):
+def _pick_in_chunk(w, chunk, b, seed, offset, CHUNK: tl.constexpr, VEC: tl.constexpr, GROUP: tl.constexpr,
+                   PRECISE_MATH: tl.constexpr):
     """sample "picks": a race program's candidate column in its chunk `chunk` of CHUNK columns, whose max(w, 0) it
-    holds in registers (w: [lanes, VEC], lanes of VEC adjacent columns), drawn by inversion on the chunk's own
-    uniform u_c: the first positive column whose float64 cumulative w exceeds u_c·Σ_c w, or the chunk's last positive
-    one where rounding left none past it. The cumulative sum is each lane's VEC columns added in its thread, then a
-    scan over the lane sums (the flattened chunk's scan spilled 8 bytes; this one is no faster: docs/perf-notes.md,
-    "Session 38"). -1 where the chunk has no w > 0.
-    With `_chunk_choice` picking chunk c with probability m_c / M, a column is drawn with probability
-    (m_c / M)·(w_x / Σ_c w), what `_cdf_pick` draws, from independent uniforms instead of one."""
-    within = tl.arange(0, CHUNK // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]  # column order
-    w = w.to(tl.float64)
-    lane_sum = tl.sum(w, axis=1)
-    # each column's cumulative w: its lane's start (the scan) plus its run within the lane (in the thread)
-    running = (tl.cumsum(lane_sum, axis=0) - lane_sum)[:, None] + tl.cumsum(w, axis=1)
-    threshold = _cdf_uniform(seed, b, offset, chunk + 1) * tl.sum(lane_sum, axis=0)
-    # w > 0: the running sum is flat across a zero, so in exact arithmetic the first column past u_c·Σ is positive
-    first = tl.min(tl.where((running > threshold) & (w > 0), within, CHUNK))
-    last_col = tl.max(tl.where(w > 0, within, -1))
-    return tl.where(last_col >= 0, chunk * CHUNK + tl.where(first < CHUNK, first, last_col), -1)
+    holds in registers (w: [lanes, VEC], lanes of VEC adjacent columns), with no running sum across threads. A unit
+    is GROUP lanes, l, l + lanes / GROUP, ...: the lanes one thread holds where Triton lays lanes over the threads
+    and then repeats (so nothing below leaves the thread but the race). Each unit makes one Philox call (counter: the
+    unit's index in the row, stream STREAM_PICK) and draws
+    - a column within the unit by inversion inside the thread, on its float32 running sum in (lane, column) order:
+      the number of columns whose running sum is <= u·s (s: the running sum's last value; u <= 1 - 2^-23, so u·s < s)
+      is the first column past u·s, which has w > 0 (the running sum rose there). The running sum is built so that
+      it never falls (each lane's sum carries exactly the previous lane's last value). w_x / s up to float32
+      rounding: an absolute error of at most ~(GROUP·VEC + 2)·2^-24·s per column (the w themselves carry 2^-24 of
+      p + q);
+    - the unit, by an exponential race over the units (key s / E): s / Σ_c w, relative rounding only.
+    The race's max and the chunk's mass are one tuple reduction. Returns (the chunk's mass m_c, float32, the sum of
+    its units' sums; the candidate, or -1 where the chunk has no w > 0). With `_chunk_choice` picking chunk c with
+    probability m_c / M, a column is drawn with probability (m_c / M)·(s / Σ_c w)·(w_x / s). A candidate that scanned
+    the whole chunk in float64 cost each program ~1.25 µs, and one with a float64 sum a lane ~1.0 (H200); this one
+    ~0.5 (docs/perf-notes.md, "Session 39")."""
+    UNITS: tl.constexpr = CHUNK // VEC // GROUP
+    w = tl.reshape(w, [GROUP, UNITS, VEC])
+    unit = tl.arange(0, UNITS)
+    group = tl.arange(0, GROUP)
+    in_lane = tl.cumsum(w, axis=2)
+    lane_last = tl.max(in_lane, axis=2)  # [GROUP, UNITS]: the lane's running sum at its end (it never falls)
+    # each lane starts from the previous lanes' running sum, exactly: the scan of the last values shifted by one
+    shifted = tl.sum(tl.where(group[None, :, None] == group[:, None, None] + 1, lane_last[:, None, :], 0.0), axis=0)
+    carried = tl.cumsum(shifted, axis=0)
+    running = in_lane + carried[:, :, None]
+    total = tl.sum(tl.where(group[:, None] == GROUP - 1, lane_last + carried, 0.0), axis=0)  # = the last running sum
+    zero = tl.zeros([UNITS], tl.uint32)
+    r0, r1, _, _ = tl.philox(seed, (chunk * UNITS + unit).to(tl.uint32), zero + b.to(tl.uint32),
+                             zero + offset.to(tl.uint32), zero + STREAM_PICK)
+    threshold = tl.minimum(tl.uint_to_uniform_float(r0), 0.99999988079071045) * total  # u <= 1 - 2^-23
+    index = tl.minimum(tl.sum(tl.sum((running <= threshold[None, :, None]).to(tl.int32), axis=2), axis=0),
+                       GROUP * VEC - 1)  # (GROUP·VEC only where total = 0 or subnormal: such a unit never wins)
+    column = ((index // VEC) * UNITS + unit) * VEC + index % VEC
+    key = tl.where(total > 0, _fast_divide(total, _exponential(tl.uint_to_uniform_float(r1), PRECISE_MATH),
+                                           PRECISE_MATH), -1.0)
+    chunk_mass, best = tl.reduce((total, _pack(key, chunk * CHUNK + column)), 0, _sum_max)
+    return chunk_mass, tl.where(best >= 0, _token_of(best), -1)
 
 
 @triton.jit
@@ -1085,9 +1127,10 @@ def _race_program(
     CDF (fast mode's default): each program stores its chunks' residual masses (chunk_mass_ptr, float32,
     `chunks`·STEPS a sequence) and the last arrival draws the token by inversion (`_cdf_pick`); otherwise
     the exponential race on Philox noise (supplied mode: on the supplied noise, as the reference defines).
-    PICKS (with CDF; sample "picks"): each program also stores a candidate column in each of its chunks
-    (`_pick_in_chunk`, chunk_pick_ptr, int32, beside the masses), and the last arrival only chooses the chunk
-    (`_chunk_choice`) instead of reading the chosen chunk again (`_cdf_pick`).
+    PICKS (with CDF; sample "picks"; 0: off, else the lanes a thread holds, `_pick_group`): each program also
+    stores a candidate column in each of its chunks (`_pick_in_chunk`, chunk_pick_ptr, int32, beside the masses),
+    and the last arrival only chooses the chunk (`_chunk_choice`) instead of reading the chosen chunk again
+    (`_cdf_pick`).
     RULE "block": the stop τ and w_τ from the draft-token ratios and the residual masses at mass_ptr
     (`_block_scan`, every program), and the race over max(0, w_τ·p_τ - q_τ). Constexprs: each path
     compiles only its own code.
@@ -1183,11 +1226,13 @@ def _race_program(
                 next_t, next_d = _row_logits(target_row, draft_row, next_cols, vocab, has_draft, greedy_d)
                 w = _residual_of(z_t, z_d, cols, vocab, has_draft, inverse_t, inverse_d, greedy_d, max_t, sum_t,
                                  max_d, sum_d, arg_d, target_scale, True, True, RULE == "block")
-                chunk_sum = tl.sum(tl.maximum(w, 0.0))
+                if PICKS:  # the candidate's lane race and the mass in one reduction
+                    chunk_sum, pick = _pick_in_chunk(tl.maximum(w, 0.0), first + step, b, seed, offset, 4 * ROWS,
+                                                     VEC, PICKS, PRECISE_MATH)
+                    tl.store(chunk_pick_ptr + b * chunks * STEPS + first + step, pick)
+                else:
+                    chunk_sum = tl.sum(tl.maximum(w, 0.0))
                 tl.store(chunk_mass_ptr + b * chunks * STEPS + first + step, chunk_sum)
-                if PICKS:
-                    tl.store(chunk_pick_ptr + b * chunks * STEPS + first + step,
-                             _pick_in_chunk(tl.maximum(w, 0.0), first + step, b, seed, offset, 4 * ROWS, VEC))
                 cols, z_t, z_d = next_cols, next_t, next_d
                 if step == STEPS - 1:
                     _mark(timeline_ptr, mark + 2, chunk_sum.to(tl.int32, bitcast=True), TIMELINE)
@@ -1673,6 +1718,13 @@ def _race_vec(element_size: int, race_rows: int, num_warps: int) -> int:
     return max(1, min(16 // element_size, 4 * race_rows // threads))
 
 
+def _pick_group(element_size: int, race_rows: int, num_warps: int) -> int:
+    """sample "picks": the lanes of `_race_vec` one thread holds, the unit `_pick_in_chunk` draws within (Triton lays
+    a chunk's lanes over the threads, then repeats). Interpreted, two, so the CPU tests run a unit's cross-lane sum."""
+    lanes = 4 * race_rows // _race_vec(element_size, race_rows, num_warps)
+    return min(2, lanes) if INTERPRETED else max(1, lanes // (32 * num_warps))
+
+
 def partials_stride(splits: int) -> int:
     """How far apart pass 1 stores consecutive rows' partials: `splits` padded to the power of two the readers' tiles
     have (SPLITS_PAD), a constant the compiler knows, so the readers load them as whole vectors (`_rows_stats`)."""
@@ -1752,10 +1804,11 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
     1's partials), "race" (every race program) or "pass1" (the sequence's last row of pass 1, after that
     row's last program combined it); None: `default_scan`. sample (fast mode): how the residual token is
-    drawn, "cdf" (by inversion, `_cdf_pick`; the default), "picks" (by inversion, each race program picking a
-    candidate in its own chunks and the last arrival only the chunk: `_pick_in_chunk`, `_chunk_choice`; an option,
-    docs/perf-notes.md "Session 28" and "Session 37") or "race" (the exponential race on Philox noise per column, the
-    draws vllm_v2_style makes). Supplied randomness is the race on the supplied noise, as the reference defines it.
+    drawn, "cdf" (by inversion, `_cdf_pick`), "picks" (by inversion, each race program picking a candidate in its
+    own chunks and the last arrival only the chunk: `_pick_in_chunk`, `_chunk_choice`) or "race" (the exponential
+    race on Philox noise per column, the draws vllm_v2_style makes); None: picks or cdf by `default_picks`
+    (docs/perf-notes.md, "Session 39"). Supplied randomness is the race on the supplied noise, as the reference
+    defines it.
     combine (scan "race", the block rule): pass 1's last program of a row combines the
     row's partials (an arrival atomic per program), or (False) every race program combines them; None:
     `default_combine`. "pass1" needs it, "kernel" combines in its own kernel.
@@ -1857,7 +1910,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                          read_first: bool = False):
     """fused_logits_launcher with every choice made (tokens_first None: `default_tokens_first`)."""
     cdf = fast and sample != "race"
-    picks = fast and sample == "picks"
+    picks = fast and (sample == "picks" or (sample is None and default_picks(rule, race)))
     batch, gamma, vocab = t.shape
     device = t.draft_tokens.device
     partials = allocate_stats(batch, gamma, plan.splits, device)
@@ -1924,7 +1977,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=partials_stride(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
                 VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), TOKENS_FIRST=tokens_first,
-                LEAN_SCAN=lean_scan, PICKS=picks, num_warps=race.num_warps, **_pdl_meta(pdl))
+                LEAN_SCAN=lean_scan, num_warps=race.num_warps, **_pdl_meta(pdl),
+                PICKS=_pick_group(t.target_logits.element_size(), race.rows, race.num_warps) if picks else 0)
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)
 

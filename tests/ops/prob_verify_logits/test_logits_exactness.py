@@ -343,14 +343,17 @@ def test_torch_eager_fast_mode_is_exact_per_temperature(rounds_mixed):
 # --- fast mode's inversion (sample "cdf", `_cdf_pick`) over several chunks, under the interpreter ------------
 INTERPRETER_CHUNK_ROUNDS = 800  # ~0.1 s per round interpreted; the GPU test runs 10^5 (test_prob_logits_gpu.py)
 CHUNK_VOCAB, CHUNK_LIVE = 64, 16  # interpreted, a race chunk is 16 columns: four live columns in each of 4 chunks
-LIVE_IN_CHUNK = (1, 2, 9, 10)  # interpreted, a race lane is 4 columns (`_race_vec`): two live in lanes 0 and 2
+# interpreted, a race lane is 4 columns (`_race_vec`) and picks' unit two lanes, 0 and 2 or 1 and 3 (`_pick_group`):
+# live columns at both columns of lane 0, and in lanes 1 and 2
+LIVE_IN_CHUNK = (1, 2, 5, 9)
 
 
 def chunk_spread_logits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """fixed_logits over CHUNK_LIVE columns (γ = 1), placed at columns 16·c + LIVE_IN_CHUNK of CHUNK_VOCAB (-1e4
     elsewhere: p = q = 0 there in float32), and those columns. With seed 0 the residual max(0, p_0 - q_0) is positive
-    at 3 or 4 columns of every chunk, at both columns of a lane in 7 of the 8 lanes, and a round rejects with
-    probability 0.67, so the draw chooses between chunks, between a chunk's lanes and between neighbours."""
+    at 3 or 4 columns of every chunk (all four but the second of chunk 3), and a round rejects with probability 0.67,
+    so the draw chooses between chunks, between a chunk's lanes, between picks' units (lanes 0 and 2 against lane 1)
+    and within a unit's two lanes, and between neighbours in lane 0."""
     target, draft = fixed_logits(vocab=CHUNK_LIVE, gamma=1, seed=0)
     columns = (torch.arange(CHUNK_LIVE) // 4) * 16 + torch.tensor(LIVE_IN_CHUNK).repeat(CHUNK_LIVE // 4)
     wide_target = torch.full((2, CHUNK_VOCAB), -1e4)
@@ -399,9 +402,10 @@ def test_inversion_over_chunks_is_exact_under_the_interpreter(sample):
     """Fast mode's inversion (`_cdf_pick`: a chunk by its mass, then a column within the chunk, read again; "picks":
     a column within each chunk by its program, `_pick_in_chunk`, then the chunk by its mass, `_chunk_choice`)
     emits the token rule's distribution (χ², p-value > 1e-3) where the residual spreads over 4 chunks,
-    with 3-4 positive columns in each, two lanes of two live columns a chunk, and never a dead column. Must fail,
-    the first-token check on the same draws with each drawn token moved: to the next chunk's column (a chunk-level
-    mistake), to the other lane of its chunk, or to its neighbour within its lane (within-chunk mistakes)."""
+    with 3-4 positive columns in each, live columns in three lanes a chunk (two in lane 0), and never a dead column.
+    Must fail, the first-token check on the same draws with each drawn token moved: to the next chunk's column (a
+    chunk-level mistake), to another lane of its chunk (i ^ 2), or to its neighbour (i ^ 1: within lane 0, or between
+    lanes 1 and 2) (within-chunk mistakes)."""
     pytest.importorskip("triton")
     script = INTERPRETER_CHUNKS_CHI2.format(here=str(Path(__file__).resolve().parent), rounds=INTERPRETER_CHUNK_ROUNDS,
                                             sample=sample)
@@ -417,7 +421,7 @@ def test_inversion_over_chunks_is_exact_under_the_interpreter(sample):
     pvalues = exactness_pvalues(outputs, p, q)
     assert min(pvalues.values()) > SIGNIFICANCE, pvalues
     rows, k = torch.arange(outputs["output_tokens"].shape[0]), outputs["accepted_lengths"]
-    # next chunk; the other lane; the neighbour within the lane
+    # next chunk; another lane; the neighbour (in lane 0, or lanes 1 and 2)
     for moved in (lambda x: (x + CHUNK_LIVE // 4) % CHUNK_LIVE, lambda x: x ^ 2, lambda x: x ^ 1):
         tokens = outputs["output_tokens"].clone()
         tokens[rows, k] = moved(tokens[rows, k])  # the drawn token only (position k)

@@ -287,7 +287,7 @@ def _run_cases() -> dict[str, str | None]:
         with _poisoned_stats(kernels):  # (the peer's pass 1 plans 5 splits here: its partials' stride pads them to 8)
             peer = snapshot(vllm.prepare(fast))
         two = allocate_outputs(fast)
-        kernels.fused_logits_launcher(fast_inputs, two, fast=True, seed=fast.seed, offset=fast.offset)()
+        kernels.fused_logits_launcher(fast_inputs, two, fast=True, seed=fast.seed, offset=fast.offset, sample="cdf")()
         for sample, expected in (("race", peer), ("cdf", two)):
             outputs = allocate_outputs(fast)
             launch = kernels.fused_logits_launcher(fast_inputs, outputs, fast=True, seed=fast.seed, offset=fast.offset,
