@@ -29,8 +29,8 @@ float32 rounding, see reference.py):
      the row-k normalisers, and (fast mode) stores its chunks' residual masses, from which the last program to
      arrive draws the token by inversion (`_cdf_pick`; where a program takes one chunk, each program also draws a
      candidate in its chunk and the last arrival only chooses the chunk: `default_picks`), or (supplied
-     randomness) folds its best race key w/E into best[b] with a 64-bit atomic max; the last arrival writes the outputs (greedy targets skip the row:
-     next = argmax of row k).
+     randomness) folds its best race key w/E into best[b] with a 64-bit atomic max; the last arrival writes the
+     outputs (greedy targets skip the row: next = argmax of row k).
   On sm_90+ (`pdl_available`) the scan kernel and the race launch with programmatic dependent launch: each
   starts its programs and loads its inputs while the kernel ahead finishes, and waits for it
   (`_wait_for_prior_kernel`) before reading what it wrote (docs/perf-notes.md, "Session 23").
@@ -905,12 +905,15 @@ def _pick_in_chunk(w, chunk, b, seed, offset, CHUNK: tl.constexpr, VEC: tl.const
     is GROUP lanes, l, l + lanes / GROUP, ...: the lanes one thread holds where Triton lays lanes over the threads
     and then repeats (so nothing below leaves the thread but the race). Each unit makes one Philox call (counter: the
     unit's index in the row, stream STREAM_PICK) and draws
-    - a column within the unit by inversion inside the thread, on its float32 running sum in (lane, column) order:
-      the number of columns whose running sum is <= u·s (s: the running sum's last value; u <= 1 - 2^-23, so u·s < s)
-      is the first column past u·s, which has w > 0 (the running sum rose there). The running sum is built so that
-      it never falls (each lane's sum carries exactly the previous lane's last value). w_x / s up to float32
-      rounding: an absolute error of at most ~(GROUP·VEC + 2)·2^-24·s per column (the w themselves carry 2^-24 of
-      p + q);
+    - a column within the unit by inversion inside the thread, on its float32 running sum in (lane, column) order
+      and a 24-bit uniform u: the first column with w > 0 whose running sum exceeds u·s, or the unit's last column
+      with w > 0 where none does. The running sum is built so that it never falls (each lane's in-thread scan
+      carries exactly the previous lane's last value; s is its last value and u <= 1 - 2^-23, so u·s < s and the
+      first column past u·s is one where the sum rose: w > 0). The two w > 0 tests still matter where Triton spreads
+      a lane over threads (a vocab or stride it does not know to be a multiple of 16): its scan then adds in another
+      order and can fall by an ulp, and a count of sums <= u·s could land on a dead column. w_x / s up to float32
+      rounding: a few ulps of s per column, absolute (cdf's float64 draw is relative to every column's own w; the w
+      themselves carry 2^-24 of p + q);
     - the unit, by an exponential race over the units (key s / E): s / Σ_c w, relative rounding only.
     The race's max and the chunk's mass are one tuple reduction. Returns (the chunk's mass m_c, float32, the sum of
     its units' sums; the candidate, or -1 where the chunk has no w > 0). With `_chunk_choice` picking chunk c with
@@ -932,8 +935,12 @@ def _pick_in_chunk(w, chunk, b, seed, offset, CHUNK: tl.constexpr, VEC: tl.const
     r0, r1, _, _ = tl.philox(seed, (chunk * UNITS + unit).to(tl.uint32), zero + b.to(tl.uint32),
                              zero + offset.to(tl.uint32), zero + STREAM_PICK)
     threshold = tl.minimum(tl.uint_to_uniform_float(r0), 0.99999988079071045) * total  # u <= 1 - 2^-23
-    index = tl.minimum(tl.sum(tl.sum((running <= threshold[None, :, None]).to(tl.int32), axis=2), axis=0),
-                       GROUP * VEC - 1)  # (GROUP·VEC only where total = 0 or subnormal: such a unit never wins)
+    position = group[:, None, None] * VEC + tl.arange(0, VEC)[None, None, :]  # in the unit, (lane, column) order
+    live = w > 0
+    first = tl.min(tl.min(tl.where((running > threshold[None, :, None]) & live, position, GROUP * VEC), axis=2),
+                   axis=0)
+    last = tl.max(tl.max(tl.where(live, position, -1), axis=2), axis=0)  # >= 0 wherever total > 0
+    index = tl.where(first < GROUP * VEC, first, last)  # (-1: no w > 0, total = 0, key -1: the unit never wins)
     column = ((index // VEC) * UNITS + unit) * VEC + index % VEC
     key = tl.where(total > 0, _fast_divide(total, _exponential(tl.uint_to_uniform_float(r1), PRECISE_MATH),
                                            PRECISE_MATH), -1.0)
@@ -1124,7 +1131,7 @@ def _race_program(
     logits and scanning; otherwise every program scans (scan "race": where the race does not fill the
     machine, so the repeats run beside each other). STOP_STATS (scan "kernel"): `_scan_kernel` also left
     row k's normalisers at stop_stats_ptr [B, 6], so a program loads 7 numbers and combines nothing.
-    CDF (fast mode's default): each program stores its chunks' residual masses (chunk_mass_ptr, float32,
+    CDF (fast mode's "cdf" and "picks"): each program stores its chunks' residual masses (chunk_mass_ptr, float32,
     `chunks`·STEPS a sequence) and the last arrival draws the token by inversion (`_cdf_pick`); otherwise
     the exponential race on Philox noise (supplied mode: on the supplied noise, as the reference defines).
     PICKS (with CDF; sample "picks"; 0: off, else the lanes a thread holds, `_pick_group`): each program also
@@ -1804,9 +1811,10 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
     1's partials), "race" (every race program) or "pass1" (the sequence's last row of pass 1, after that
     row's last program combined it); None: `default_scan`. sample (fast mode): how the residual token is
-    drawn, "cdf" (by inversion, `_cdf_pick`), "picks" (by inversion, each race program picking a candidate in its
-    own chunks and the last arrival only the chunk: `_pick_in_chunk`, `_chunk_choice`) or "race" (the exponential
-    race on Philox noise per column, the draws vllm_v2_style makes); None: picks or cdf by `default_picks`
+    drawn, "cdf" (by inversion in float64, `_cdf_pick`), "picks" (each race program draws a candidate in each of its
+    chunks, by a float32 inversion within a thread's lanes and a race between threads, and the last arrival chooses
+    only the chunk, by mass: `_pick_in_chunk`, `_chunk_choice`) or "race" (the exponential race on Philox noise per
+    column, the draws vllm_v2_style makes); None: picks or cdf by `default_picks`
     (docs/perf-notes.md, "Session 39"). Supplied randomness is the race on the supplied noise, as the reference
     defines it.
     combine (scan "race", the block rule): pass 1's last program of a row combines the

@@ -116,7 +116,7 @@ def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, picks, steps, vec,
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
                 FAST=fast, RULE=rule, SCANNED=scan != "race", CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
                 STOP_STATS=scan == "kernel", VEC=vec, TIMELINE=timeline, PDL=pdl, TOKENS_FIRST=tokens_first,
-                LEAN_SCAN=lean, PICKS=picks)
+                LEAN_SCAN=lean, PICKS=16 // vec if picks else 0)  # picks' units of 2 (bf16) or 4 (fp32) lanes
     ptx = _compile(kernels._logits_race_kernel, pads).asm["ptx"]
     assert "_logits_race_kernel" in ptx and ("%globaltimer" in ptx) == timeline
     assert ("griddepcontrol.wait" in ptx) == pdl and "griddepcontrol.launch_dependents" not in ptx
