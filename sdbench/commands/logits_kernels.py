@@ -23,7 +23,9 @@ reading programs launch before the ones greedy requests' draft rows leave empty,
 thread); `default` changes nothing.
 Each (point, variant, L2) prints one line: the median call's device time (`total`: the time its kernels cover,
 overlaps counted once) and the kernels' CUPTI durations, each the median over the timed calls times its launches
-per call, fast randomness. The rows are written as JSON (--out).
+per call, fast randomness. Each (point, L2) first prints the launch floor of the same run: an empty Triton kernel
+through the designs' launch path (`launch_floor.path_floor("triton_bound")`, logits_bench's floor), timed the same
+way; every row carries it as `launch_floor`. The rows are written as JSON (--out).
 
 --timeline: for each fused_logits variant, also a timeline build (`triton_kernels._mark`: the global timer at
 marks in every program of pass 1 and the race, a diagnostic build with its own registers, never the timed
@@ -148,6 +150,14 @@ def per_kernel_us(run, iters: int, flush=None) -> tuple[dict[str, float], float]
             spans.append((event.start_ns(), event.start_ns() + event.duration_ns()))
     calls = sorted(per_call_busy_us(spans, iters))
     return {name: sorted(ts)[len(ts) // 2] * len(ts) / iters for name, ts in durations.items()}, calls[len(calls) // 2]
+
+
+def launch_floor_us(floor, iters: int, flush=None) -> float | None:
+    """The median call's device time of an empty launch (`launch_floor.path_floor`'s LaunchFloor), timed as
+    `per_kernel_us` times a variant (each call after `flush` if given); None where none can launch (floor.reason)."""
+    if floor.run is None:
+        return None
+    return per_kernel_us(floor.run, iters, flush)[1]
 
 
 def per_call_busy_us(spans: list[tuple[int, int]], calls: int) -> list[float]:
@@ -312,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
 
         args.copy_tbps = copy_ceiling_tbps()
     git_sha = software()["git_sha"]  # the code a row timed (a variant named `default` means that code's defaults)
+    from sdbench.ops.launch_floor import path_floor
+
+    floor_launch = path_floor("triton_bound", device)
+    if floor_launch.run is None:
+        print(f"no launch floor: {floor_launch.reason}", flush=True)
     rows = []
     for point in args.points.split(","):
         batch, gamma, vocab, dtype = point.split(":")
@@ -330,12 +345,16 @@ def main(argv: list[str] | None = None) -> int:
             if launches[1] is not None:
                 timelines[variant] = launches[1]
         for l2 in args.l2.split(","):
+            launch_floor = launch_floor_us(floor_launch, args.iters, flushes[l2])
+            if launch_floor is not None:
+                print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} launch floor {launch_floor:.2f}", flush=True)
             for variant, run in calls.items():
                 kernels, total = per_kernel_us(run, args.iters, flushes[l2])
                 plan, race_plan = launch_plans(run, w.target_logits.element_size())
                 rows.append(dict(b=batch, g=gamma, v=vocab, d=dtype, cold=l2 != "warm", l2=l2, var=variant, total=total,
                                  floor=floor_us, copy_tbps=args.copy_tbps, kernels=kernels, pass1_plan=plan,
-                                 race_plan=race_plan, choices=launch_choices(run), git_sha=git_sha))
+                                 race_plan=race_plan, choices=launch_choices(run), git_sha=git_sha,
+                                 launch_floor=launch_floor))
                 print(f"{batch:4d} {gamma:2d} {vocab:6d} {dtype} {l2} floor {floor_us:7.1f} {variant:12s} "
                       f"total {total:8.1f} | " + " ".join(f"{n}={t:.1f}" for n, t in kernels.items())
                       + (f" | splits {plan['splits']}" if plan else ""), flush=True)

@@ -237,3 +237,22 @@ def test_a_row_records_what_the_launch_resolved():
         dict(span=1024, splits=5, tile=tk.stats_tile(4), num_warps=tk.STATS_WARPS, per_sm=None, race_per_sm=None),
         dict(rows=256, steps=3, programs=4, num_warps=2))
     assert launch_plans(lambda: None, 4) == (None, None)
+
+
+def test_the_launch_floor_is_timed_as_a_variant_is(monkeypatch):
+    """The empty launch goes through `per_kernel_us` with the variants' iterations and flush (the median call's
+    device time is its floor); where none can launch, no number."""
+    from sdbench.commands import logits_kernels
+    from sdbench.ops.launch_floor import LaunchFloor
+
+    assert logits_kernels.launch_floor_us(LaunchFloor(None, "triton_bound", "no kernel launch on a CPU device"), 5) is None
+    seen = []
+
+    def timed(run, iters, flush=None):
+        seen.append((run, iters, flush))
+        return {"_empty": 0.61}, 0.58
+
+    monkeypatch.setattr(logits_kernels, "per_kernel_us", timed)
+    empty, flush = object(), object()
+    assert logits_kernels.launch_floor_us(LaunchFloor(empty, "triton_bound"), 7, flush) == 0.58
+    assert seen == [(empty, 7, flush)]
