@@ -4,8 +4,8 @@
         --variants default,noscan,scan,vllm --out kernels.json
 
 A point is batch:γ:V:dtype (bf16 or fp32). A variant is `vllm` (vllm_v2_style) or fused_logits with
-'+'-joined changes to its default plans: `scan-kernel` / `scan-race` / `scan-pass1` (where the token rule's
-accept scan runs), `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM,
+'+'-joined changes to its default plans: `scan-kernel` / `scan-race` / `scan-early` / `scan-pass1` (where the
+token rule's accept scan runs; early: in the race, each program starting once its own sequence's pass 1 is done), `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM,
 spans rounded up), `tile<N>` / `warps<N>` (pass 1: N columns a step, N warps a program; planned for STATS_WAVES
 waves of STATS_PER_SM_GUESS programs per SM unless span or pps is named), `cap<N>` (pass 1: at most N splits
 below one wave),
@@ -82,7 +82,7 @@ def plan_changes(variant: str, batch: int, gamma: int, vocab: int, sms: int, ele
     for part in parts:
         if part in ("default", "") or part.startswith(("tile", "warps", "cap")):
             continue
-        if part.startswith("scan-") and part[5:] in ("kernel", "race", "pass1"):
+        if part.startswith("scan-") and part[5:] in ("kernel", "race", "early", "pass1"):
             changes["scan"] = part[5:]
         elif part in ("race", "cdf", "picks"):
             changes["sample"] = part

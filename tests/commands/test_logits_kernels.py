@@ -37,6 +37,10 @@ def test_a_named_scan_holds_whatever_the_order(variant):
     assert plan_changes(variant, 32, 8, 128256, 132)["scan"] == "pass1"
 
 
+def test_the_early_race_is_a_scan_variant():
+    assert plan_changes("scan-early", 32, 4, 128256, 132) == {"scan": "early"}
+
+
 @pytest.mark.parametrize("variant", ["nocombine", "nocombine+race"])
 def test_nocombine_alone_scans_in_the_race(variant):
     assert plan_changes(variant, 32, 8, 128256, 132)["scan"] == "race"

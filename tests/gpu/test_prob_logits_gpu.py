@@ -130,7 +130,7 @@ def test_fast_mode_draws_by_picks_where_a_race_program_takes_one_chunk(point, on
 
 
 @pytest.mark.parametrize("sample", ["race", "cdf", "picks"])  # the race's best keys, or the inversion's chunk masses
-@pytest.mark.parametrize("scan", ["race", "pass1", "kernel"])
+@pytest.mark.parametrize("scan", ["race", "early", "pass1", "kernel"])
 def test_fused_logits_leaves_its_race_scratch_zeroed(scan, sample):
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
@@ -148,8 +148,9 @@ def test_fused_logits_leaves_its_race_scratch_zeroed(scan, sample):
 
 @pytest.mark.parametrize("randomness", ["fast", "supplied"])
 def test_where_the_scan_runs_changes_no_output(randomness):
-    """The accept scan in its own kernel, in pass 1 and in every race program: the same tokens, lengths and
-    flags (fast mode: the same Philox draws), at a point where the default gives it a kernel."""
+    """The accept scan in its own kernel, in pass 1 and in every race program (each after all of pass 1, or after its
+    own sequence's: "early"): the same tokens, lengths and flags (fast mode: the same Philox draws), at a point where
+    the race fills the machine (the default: early with PDL, else the kernel)."""
     from sdbench.ops.prob_verify_logits import triton_kernels as kernels
     from sdbench.ops.prob_verify_logits.common import allocate_outputs
 
@@ -158,7 +159,7 @@ def test_where_the_scan_runs_changes_no_output(randomness):
     inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                    w.draft_temperature, w.uniforms, w.exponential_noise)
     results = []
-    for scan in (None, "pass1", "race"):
+    for scan in (None, "kernel", "pass1", "race", "early"):
         outputs = allocate_outputs(w)
         # (sample "cdf": "picks" draws per chunk of the race plan, which each variant's compiled registers size)
         launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed, scan=scan,
@@ -166,7 +167,9 @@ def test_where_the_scan_runs_changes_no_output(randomness):
         launch()
         results.append((launch.scan, {key: value.clone() for key, value in outputs.items()}))
     torch.cuda.synchronize()
-    assert [scan for scan, _ in results] == ["kernel", "pass1", "race"]  # the default took the scan kernel here
+    # the default here: early with PDL (b = 32 <= EARLY_MAX_BATCH), else the scan kernel
+    default = "early" if kernels.pdl_available(torch.device(DEVICE)) else "kernel"
+    assert [scan for scan, _ in results] == [default, "kernel", "pass1", "race", "early"]
     for _, other in results[1:]:
         for key, value in results[0][1].items():
             assert torch.equal(value, other[key]), key
@@ -339,7 +342,8 @@ def test_programmatic_dependent_launch_is_available_on_hopper():
     assert kernels.pdl_available(device)
 
 
-@pytest.mark.parametrize("rule,scan", [("token", "kernel"), ("token", "race"), ("token", "pass1"), ("block", None)])
+@pytest.mark.parametrize("rule,scan", [("token", "kernel"), ("token", "race"), ("token", "early"), ("token", "pass1"),
+                                       ("block", None)])
 @pytest.mark.parametrize("randomness", ["fast", "supplied"])
 def test_programmatic_dependent_launch_changes_no_output(rule, scan, randomness):
     """With the scan kernel and the race started early (each waits for the kernel ahead before reading what it
@@ -369,7 +373,7 @@ def test_programmatic_dependent_launch_changes_no_output(rule, scan, randomness)
             getattr(inputs, name).copy_(getattr(workloads[i % 2], name))
 
     fast = randomness == "fast"
-    race_scans = rule == "block" or scan == "race"
+    race_scans = rule == "block" or scan in ("race", "early")
     orders = ((False, None), (True, None)) + (((True, False), (True, True)) if race_scans else ())
     calls = {}
     for pdl, tokens_first in orders:

@@ -16,7 +16,10 @@ float32 rounding, see reference.py):
      draft rows are not read at all (SKIP_GREEDY_DRAFTS): greedy verification accepts x_i iff it is the target's
      argmax and needs no q. The split aims at STATS_WAVES
      waves of the programs an SM holds (the compiled kernel's registers decide how many).
-  2. The accept scan (`scan`, `default_scan`): where the race fills the machine, `_scan_kernel`, grid
+  2. The accept scan (`scan`, `default_scan`): where the race fills the machine, up to b = EARLY_MAX_BATCH
+     with PDL, "early": pass 1 and the race launch sequence by sequence, each pass-1 program counts itself done
+     for its sequence, and a race program combines and scans as soon as its own sequence is done, so the early
+     sequences' races run beside pass 1's last programs; at larger b, `_scan_kernel`, grid
      (B,), combines each sequence's partials, scans to k, and writes k, row k's normalisers and the bad-id
      flag, so pass 1 makes no arrival atomics (they cost it ~20%) and the race starts from 7 numbers;
      where it does not, every race program combines and scans itself (the repeats run beside each other,
@@ -367,25 +370,52 @@ def _row_stats_kernel(
     target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr,
     row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr,
     draft_tokens_ptr, uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, timeline_ptr,
-    seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
+    done_ptr, seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b,
     GAMMA: tl.constexpr, TILE: tl.constexpr, COMBINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
     SCAN: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, VEC: tl.constexpr, FTZ_EXP2: tl.constexpr, TIMELINE: tl.constexpr, PDL: tl.constexpr,
     SKIP_GREEDY_DRAFTS: tl.constexpr, WORDS: tl.constexpr, READ_FIRST: tl.constexpr, BATCH_PAD: tl.constexpr,
+    SEQUENCE_DONE: tl.constexpr,
 ):
     """Pass 1 as a launch of its own: program (row, split) is `_row_stats_program`'s, or (READ_FIRST) the work
     `_read_first` gives the program in its place. PDL: the kernel after it (launched with launch_pdl) may start its
-    programs as soon as all of pass 1's have started."""
+    programs as soon as all of pass 1's have started.
+    SEQUENCE_DONE (scan "early"): the programs launch sequence by sequence (launch index i = split_id·rows + row_id
+    is split i % splits of row i // splits), so the sequences finish one after another, not all in the last wave;
+    each program counts itself done for its sequence (done_ptr, int32 [B], `_count_done`), and a race program
+    starts on its sequence once that count is full (`_wait_for_sequence`), not once the whole of pass 1 is."""
     _let_next_kernel_start(PDL)
     row, split = tl.program_id(0), tl.program_id(1)
     if READ_FIRST:
         row, split = _read_first(row, split, target_temp_ptr, GAMMA, BATCH_PAD)
+    if SEQUENCE_DONE:
+        index = split * tl.num_programs(0) + row
+        row, split = index // tl.num_programs(1), index % tl.num_programs(1)
     _row_stats_program(
         row, split, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr,
         stats_sum_ptr, stats_arg_ptr, row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr, draft_tokens_ptr,
         uniforms_ptr, offsets_ptr, sequence_arrivals_ptr, stop_ptr, error_flags_ptr, timeline_ptr, seed, vocab, span,
         splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b, stride_u_b, GAMMA, TILE, COMBINE,
         SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE, SKIP_GREEDY_DRAFTS, WORDS)
+    if SEQUENCE_DONE:
+        _count_done(done_ptr, row // (2 * GAMMA + 1))
+
+
+@triton.jit
+def _count_done(done_ptr, b):
+    """A pass-1 program of sequence b counts itself done (done_ptr, int32 [B]), after its partial: the barrier
+    orders every thread's stores before the one release (the pattern of a grid barrier's arrival)."""
+    tl.debug_barrier()
+    tl.atomic_add(done_ptr + b, 1, sem="release")
+
+
+@triton.jit
+def _wait_for_sequence(done_ptr, b, count):
+    """A race program waits until `count` pass-1 programs of sequence b are done (acquire: their partials are then
+    visible; read them with .cg, since another program of this SM may have left a stale L1 line of them)."""
+    done = tl.atomic_add(done_ptr + b, 0, sem="acquire")
+    while done < count:
+        done = tl.atomic_add(done_ptr + b, 0, sem="acquire")
 
 
 @triton.jit
@@ -1110,14 +1140,15 @@ def _race_program(
     b, chunk, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-    chunk_mass_ptr, chunk_pick_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits,
-    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
+    chunk_mass_ptr, chunk_pick_ptr, timeline_ptr, done_ptr, seed, vocab, mass_splits, chunks, stats_splits,
+    pass_programs, stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b,
+    stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, STATS_CACHE: tl.constexpr,
     TIMELINE: tl.constexpr, PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr, LEAN_SCAN: tl.constexpr,
-    PICKS: tl.constexpr,
+    PICKS: tl.constexpr, SEQUENCE_WAIT: tl.constexpr,
 ):
     """The race's program (b, c), grid (B, chunks) in `_logits_race_kernel`; returns whether it arrived last.
     It owns STEPS chunks of 4·ROWS columns of the stopping row, columns
@@ -1149,7 +1180,10 @@ def _race_program(
     stats (and, with PDL, before the wait), or after them (the order measured faster without PDL at b = 1).
     LEAN_SCAN (a program that scans, token rule): it combines only the rows it reads, position by position
     (`_position_stats`), not all 2γ+1 rows and then picks (`_combined_stats`; the same rows and formula, S up to its
-    last bit, since each tile's layout sets the addition tree: `_rows_stats`)."""
+    last bit, since each tile's layout sets the addition tree: `_rows_stats`).
+    SEQUENCE_WAIT (scan "early" and the one launch; a program that scans): instead of waiting for the whole kernel
+    ahead, it waits until the `pass_programs` pass-1 programs of its own sequence are done (`_wait_for_sequence` on
+    done_ptr, which the last arrival resets to 0), and reads their partials with STATS_CACHE ".cg"."""
     b = b.to(tl.int64)
     mark = (b * chunks + chunk) * RACE_MARKS
     _mark(timeline_ptr, mark, chunk, TIMELINE)
@@ -1163,7 +1197,10 @@ def _race_program(
         tokens, target_logit, draft_logit = _draft_token_logits(draft_tokens_ptr, target_ptr, draft_ptr, b, vocab,
                                                                 stride_tok_b, stride_p_b, stride_p_row, stride_q_b,
                                                                 stride_q_row, GAMMA, GAMMA_PAD)
-    _wait_for_prior_kernel(PDL)
+    if SEQUENCE_WAIT:  # (the kernel ahead may still run: its programs of later sequences)
+        _wait_for_sequence(done_ptr, b, pass_programs)
+    else:
+        _wait_for_prior_kernel(PDL)
     if STOP_STATS:  # `_scan_kernel` left k, row k's normalisers and the flag: one L2 round trip, nothing combined
         k = tl.load(stop_ptr + b)
         stop_stats = stop_stats_ptr + b * 6
@@ -1294,6 +1331,8 @@ def _race_program(
         _mark(timeline_ptr, mark + 4, next_token.to(tl.int32), TIMELINE)
         _write_row(output_tokens_ptr, next_tokens_ptr, accepted_lengths_ptr, b, k, tokens, next_token, stride_out_b,
                    GAMMA, GAMMA_PAD)
+        if SEQUENCE_WAIT:  # every program of the sequence has passed its wait: the next launch starts from 0
+            tl.store(done_ptr + b, 0)
         _release(arrivals_ptr, offsets_ptr, b, offset, FAST)
     return last
 
@@ -1303,23 +1342,32 @@ def _logits_race_kernel(
     draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr, noise_ptr,
     stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
     accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-    chunk_mass_ptr, chunk_pick_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits,
-    stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b,
+    chunk_mass_ptr, chunk_pick_ptr, timeline_ptr, done_ptr, seed, vocab, mass_splits, chunks, stats_splits,
+    pass_programs, stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b,
+    stride_out_b,
     GAMMA: tl.constexpr, GAMMA_PAD: tl.constexpr, R_PAD: tl.constexpr,
     MASS_PAD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, PRECISE_MATH: tl.constexpr,
     FAST: tl.constexpr, RULE: tl.constexpr, SCANNED: tl.constexpr, CDF: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     STATS_PAD: tl.constexpr, STOP_STATS: tl.constexpr, VEC: tl.constexpr, TIMELINE: tl.constexpr,
     PDL: tl.constexpr, TOKENS_FIRST: tl.constexpr, LEAN_SCAN: tl.constexpr, PICKS: tl.constexpr,
+    SEQUENCE_WAIT: tl.constexpr,
 ):
-    """The race as a launch of its own: program (b, c) is `_race_program`'s."""
+    """The race as a launch of its own: program (b, c) is `_race_program`'s. SEQUENCE_WAIT (scan "early"): the
+    programs launch sequence by sequence, as pass 1's finish (launch index i = c_id·B + b_id is chunk i % chunks of
+    sequence i // chunks), each waiting for its own sequence's pass 1 only."""
+    b, chunk = tl.program_id(0), tl.program_id(1)
+    if SEQUENCE_WAIT:
+        index = chunk * tl.num_programs(0) + b
+        b, chunk = index // tl.num_programs(1), index % tl.num_programs(1)
     _race_program(
-        tl.program_id(0), tl.program_id(1), draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr,
+        b, chunk, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr,
         uniforms_ptr, noise_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,
         accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr, offsets_ptr,
-        chunk_mass_ptr, chunk_pick_ptr, timeline_ptr, seed, vocab, mass_splits, chunks, stats_splits, stride_tok_b,
-        stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD,
-        R_PAD, MASS_PAD, ROWS, STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF, CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC,
-        "", TIMELINE, PDL, TOKENS_FIRST, LEAN_SCAN, PICKS)
+        chunk_mass_ptr, chunk_pick_ptr, timeline_ptr, done_ptr, seed, vocab, mass_splits, chunks, stats_splits,
+        pass_programs, stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b,
+        stride_out_b, GAMMA, GAMMA_PAD, R_PAD, MASS_PAD, ROWS, STEPS, PRECISE_MATH, FAST, RULE, SCANNED, CDF,
+        CHUNKS_PAD, STATS_PAD, STOP_STATS, VEC, ".cg" if SEQUENCE_WAIT else "", TIMELINE, PDL, TOKENS_FIRST,
+        LEAN_SCAN, PICKS, SEQUENCE_WAIT)
 
 
 # --- one launch (fused_logits single=True): pass 1 and the race in one grid, sequence by sequence --------------------
@@ -1377,21 +1425,16 @@ def _one_launch_kernel(
             done_ptr, seed, vocab, span, splits, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_tok_b,
             stride_u_b, GAMMA, TILE, False, STATS_PAD, False, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, PRECISE_MATH,
             False, True, False)
-        tl.atomic_add(done_ptr + seq, 1, sem="release")  # after this program's partial
-    else:
-        done = tl.atomic_add(done_ptr + seq, 0, sem="acquire")
-        while done < pass_items:
-            done = tl.atomic_add(done_ptr + seq, 0, sem="acquire")
-        last = _race_program(
+        _count_done(done_ptr, seq)
+    else:  # (waits for its sequence's pass 1, `_wait_for_sequence`; the last arrival resets the count)
+        _race_program(
             seq, item, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, uniforms_ptr,
             noise_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, stats_max_ptr, arrivals_ptr, stats_max_ptr,
             accepted_lengths_ptr, next_tokens_ptr, output_tokens_ptr, error_flags_ptr, best_ptr, arrivals_ptr,
-            offsets_ptr, chunk_mass_ptr, chunk_mass_ptr, done_ptr, seed, vocab, 1, chunks, splits, stride_tok_b,
-            stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b, stride_out_b, GAMMA, GAMMA_PAD,
-            R_PAD, 1, ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF, CHUNKS_PAD, STATS_PAD, False, RACE_VEC,
-            ".cg", False, False, False, True, False)
-        if last:
-            tl.store(done_ptr + seq, 0)
+            offsets_ptr, chunk_mass_ptr, chunk_mass_ptr, done_ptr, done_ptr, seed, vocab, 1, chunks, splits,
+            pass_items, stride_tok_b, stride_p_b, stride_p_row, stride_q_b, stride_q_row, stride_u_b, stride_e_b,
+            stride_out_b, GAMMA, GAMMA_PAD, R_PAD, 1, ROWS, STEPS, PRECISE_MATH, FAST, "token", False, CDF,
+            CHUNKS_PAD, STATS_PAD, False, RACE_VEC, ".cg", False, False, False, True, False, True)
 
 
 # --- vllm_v2_style: Gumbel resample per block, finish (its scan: `_scan_kernel`) --------------------------------
@@ -1652,13 +1695,27 @@ def _race_fills_the_machine(batch: int, race: RacePlan, device: torch.device) ->
     return batch * race.programs * race.steps >= full
 
 
-def default_scan(batch: int, race: RacePlan, device: torch.device) -> str:
-    """Where the token rule's accept scan runs. "kernel", a launch of its own between the passes, where the
-    race fills the machine: pass 1 then makes no arrival atomics (at b=128, γ=16, V=32000, bf16 they took
-    pass 1 from 77 to 97 µs) and the race starts from k and row k's normalisers. "race" (every race program
-    combines the rows' partials and scans) where it does not: the repeats run beside each other, and a
-    launch between the passes would add its latency (~4 µs) to a 10 µs step."""
-    return "kernel" if _race_fills_the_machine(batch, race, device) else "race"
+# The largest batch at which the race that fills the machine scans "early" (with PDL) rather than in the scan kernel.
+# Measured on the H200 (docs/perf-notes.md, "Session 40"; GPU µs, cold / warm, default -> early): b = 128 gained at
+# 11 of 12 states (128:8:128256 bf16 145.4 -> 139.9, 128:16:32000 fp32 124.4 -> 121.6; 128:4:32000 bf16 +0.1 warm),
+# b = 32 at V = 128256 and 151936 gained where γ >= 8 (32:16:151936 bf16 85.5 -> 81.0) and tied at γ = 4 (within
+# -0.9 / +1.0); b = 512 lost at all three states (512:8:32000 bf16 139.2 -> 140.6 cold, 138.7 -> 141.1 warm).
+EARLY_MAX_BATCH = 128
+
+
+def default_scan(batch: int, race: RacePlan, device: torch.device, pdl: bool = False) -> str:
+    """Where the token rule's accept scan runs. Where the race fills the machine: "early" (with PDL, up to
+    EARLY_MAX_BATCH): every race program scans, each starting once its own sequence's pass 1 is done, so the early
+    sequences' races run beside pass 1's last programs, and no kernel sits between the passes; pass 1 pays a
+    release arrival a program (~0.5-1 µs of pass 1 at b = 32, V = 128256) and the race a scan a program, which
+    cost more than they save at b = 512. Otherwise "kernel", a launch of its own between the passes: pass 1 then
+    makes no arrival atomics (at b=128, γ=16, V=32000, bf16 its old acq_rel arrivals took pass 1 from 77 to 97
+    µs) and the race starts from k and row k's normalisers. "race" (every race program combines the rows'
+    partials and scans, after all of pass 1) where the race does not fill the machine: the repeats run beside
+    each other, and a launch between the passes would add its latency (~4 µs) to a 10 µs step."""
+    if not _race_fills_the_machine(batch, race, device):
+        return "race"
+    return "early" if pdl and batch <= EARLY_MAX_BATCH else "kernel"
 
 
 def default_combine(batch: int, race: RacePlan, device: torch.device) -> bool:
@@ -1758,7 +1815,7 @@ def bf16_words_apply(t: LogitsTensors, span: int) -> bool:
 def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: StatsPlan, tile: int | None = None,
                   combined: tuple[torch.Tensor, ...] | None = None, scan: dict | None = None,
                   timeline: torch.Tensor | None = None, pdl: bool = False, skip_greedy_drafts: bool = False,
-                  bf16_words: bool = False, read_first: bool = False):
+                  bf16_words: bool = False, read_first: bool = False, done: torch.Tensor | None = None):
     """Pass 1 into the per-split partials `stats`; with `combined` = (row max, row sum, row argmax, arrivals),
     each row's last program also combines its partials there (COMBINE); with `scan` (the keys of
     `_scan_in_pass_one`'s tensors: offsets, sequence_arrivals, stop, error_flags; and fast, seed) the
@@ -1767,8 +1824,11 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
     (`_let_next_kernel_start`). skip_greedy_drafts (the token rule): greedy requests' draft rows are not read.
     bf16_words (`_load_tile`): bf16 logits read as 32-bit words where `bf16_words_apply` (else, and for float32, as
     elements); its callers name it. read_first (with skip_greedy_drafts, B <= READ_FIRST_MAX_BATCH): the reading
-    programs launch first (`_read_first`)."""
+    programs launch first (`_read_first`). done (int32 [B], zeroed; scan "early"): the programs launch sequence by
+    sequence and count themselves done for their sequence there (SEQUENCE_DONE)."""
     batch, gamma, vocab = t.shape
+    if read_first and done is not None:
+        raise ValueError("read_first and done each order pass 1's programs: one at a time")
     if read_first and not (skip_greedy_drafts and batch <= READ_FIRST_MAX_BATCH):
         raise ValueError(f"read_first orders the programs greedy drafts leave empty, up to B = {READ_FIRST_MAX_BATCH}")
     words = bf16_words and bf16_words_apply(t, plan.span)
@@ -1785,7 +1845,8 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
         fast, seed = scan["fast"], scan["seed"]
     args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
             *(combined if combine else stats + (stats[2],)), t.draft_tokens, t.uniforms, *scan_tensors,
-            stats[2] if timeline is None else timeline, seed, vocab, plan.span, plan.splits,
+            stats[2] if timeline is None else timeline, stats[2] if done is None else done, seed, vocab, plan.span,
+            plan.splits,
             t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1),
             t.draft_tokens.stride(0), t.uniforms.stride(0))
     meta = dict(GAMMA=gamma, TILE=tile, COMBINE=combine, SPLITS_PAD=partials_stride(plan.splits),
@@ -1794,7 +1855,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
                 VEC=16 // t.target_logits.element_size(), FTZ_EXP2=_precise_math(device),
                 TIMELINE=timeline is not None, PDL=pdl, SKIP_GREEDY_DRAFTS=skip_greedy_drafts, WORDS=words,
                 READ_FIRST=read_first, BATCH_PAD=triton.next_power_of_2(batch) if read_first else 1,
-                num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
+                SEQUENCE_DONE=done is not None, num_warps=(plan.num_warps or STATS_WARPS) if not INTERPRETED else 1)
     return BoundLaunch(_row_stats_kernel, (batch * (2 * gamma + 1), plan.splits), args, meta, device)
 
 
@@ -1809,8 +1870,11 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     """Pass 1 and the race (two launches), the accept scan's kernel between them (scan "kernel"), and the block
     rule's residual-mass pass before the race when γ > 1 (h_γ = w_γ needs no mass). Scratch allocated here,
     once. scan (token rule): where the accept scan runs: "kernel" (`_scan_kernel`, which also combines pass
-    1's partials), "race" (every race program) or "pass1" (the sequence's last row of pass 1, after that
-    row's last program combined it); None: `default_scan`. sample (fast mode): how the residual token is
+    1's partials), "race" (every race program), "early" (every race program, each starting on its sequence once
+    that sequence's pass 1 is done, not once all of pass 1 is: pass 1 and the race both launch sequence by
+    sequence, SEQUENCE_DONE and SEQUENCE_WAIT; with PDL the early sequences' races run beside pass 1's last
+    programs) or "pass1" (the sequence's last row of pass 1, after that row's last program combined it); None:
+    `default_scan`. sample (fast mode): how the residual token is
     drawn, "cdf" (by inversion in float64, `_cdf_pick`), "picks" (each race program draws a candidate in each of its
     chunks, by a float32 inversion within a thread's lanes and a race between threads, and the last arrival chooses
     only the chunk, by mass: `_pick_in_chunk`, `_chunk_choice`) or "race" (the exponential race on Philox noise per
@@ -1867,13 +1931,15 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if timeline and (stats_plan_ is None or race_plan is None):
         # (planned here, the timeline kernels' own registers would size its plans, not the shipped kernels')
         raise ValueError("a timeline build mirrors a launch: give it that launch's stats_plan_ and race_plan")
-    if scan not in (None, "kernel", "race", "pass1"):
-        raise ValueError(f"scan must be 'kernel', 'race' or 'pass1', got {scan!r}")
+    if scan not in (None, "kernel", "race", "early", "pass1"):
+        raise ValueError(f"scan must be 'kernel', 'race', 'early' or 'pass1', got {scan!r}")
     if rule == "block" and scan not in (None, "race"):
         raise ValueError("the block rule scans in the race: its stop needs the mass pass (scan='race')")
-    if (scan == "pass1" and combine is False) or (scan == "kernel" and combine):
+    if (scan == "pass1" and combine is False) or (scan in ("kernel", "early") and combine):
         raise ValueError(f"scan={scan!r} with combine={combine}: the pass-1 scan reads combined rows, and the "
-                         "scan kernel combines them itself")
+                         "scan kernel and the early race combine them themselves")
+    if scan == "early" and read_first:
+        raise ValueError("scan='early' launches pass 1 sequence by sequence: read_first orders it otherwise")
     if stats_plan_ is not None and stats_max_splits != STATS_SPLITS_BELOW_WAVE:
         raise ValueError("stats_max_splits shapes the default pass-1 plan; with stats_plan_ given it would do nothing")
     batch, gamma, vocab = t.shape
@@ -1890,7 +1956,7 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if rule == "block":
         scan = "race"
     elif scan is None:  # (combine=True asks pass 1 to combine: the scan kernel would combine again)
-        scan = "race" if combine else default_scan(batch, race, device)
+        scan = "race" if combine else default_scan(batch, race, device, pdl and not read_first)
     if combine is None:
         combine = scan == "pass1" or (scan == "race" and (rule == "block" or default_combine(batch, race, device)))
     launch = _fused_logits_launch(t, outputs, fast, seed, offset, plan, rule, mass_plan, race, scan, sample,
@@ -1928,8 +1994,10 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     if tokens_first is None:
         tokens_first = default_tokens_first(gamma, stats_splits, pdl)
     # (only a race that scans loads the tokens' logits: one that starts from k has no order to choose)
-    tokens_first = tokens_first and scan == "race"
+    tokens_first = tokens_first and scan in ("race", "early")
     row_arrivals = torch.zeros(batch * (2 * gamma + 1), dtype=torch.int32, device=device)
+    early = scan == "early"
+    done = torch.zeros(batch, dtype=torch.int32, device=device)  # (scan "early": pass-1 programs done a sequence)
     best = torch.zeros(batch, dtype=torch.int64, device=device)
     arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
     sequence_arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
@@ -1950,7 +2018,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                  torch.zeros(batch * race.programs * RACE_MARKS.value, dtype=torch.int64, device=device))
     stats_launch = _stats_launch(t, partials, plan, combined=stats + (row_arrivals,) if combine else None,
                                  scan=pass_one_scan, timeline=None if marks is None else marks[0], pdl=pdl,
-                                 skip_greedy_drafts=rule == "token", bf16_words=bf16_words, read_first=read_first)
+                                 skip_greedy_drafts=rule == "token", bf16_words=bf16_words, read_first=read_first,
+                                 done=done if early else None)
     launches = [stats_launch]
     pads = dict(GAMMA=gamma, GAMMA_PAD=triton.next_power_of_2(gamma), R_PAD=triton.next_power_of_2(2 * gamma + 1),
                 PRECISE_MATH=_precise_math(device))
@@ -1976,8 +2045,8 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
         t.draft_tokens, t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, t.uniforms,
         t.exponential_noise, *stats, mass, stop, stop_stats, outputs["accepted_lengths"], outputs["next_tokens"],
         outputs["output_tokens"], outputs["error_flags"], best, arrivals, offsets, chunk_mass, chunk_pick,
-        best if marks is None else marks[1], seed, vocab,
-        mass_plan.splits, race.programs, stats_splits, t.draft_tokens.stride(0), t.target_logits.stride(0),
+        best if marks is None else marks[1], done, seed, vocab, mass_plan.splits, race.programs, stats_splits,
+        (2 * gamma + 1) * plan.splits, t.draft_tokens.stride(0), t.target_logits.stride(0),
         t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1), t.uniforms.stride(0),
         t.exponential_noise.stride(0), outputs["output_tokens"].stride(0),
     )
@@ -1985,7 +2054,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
                 RULE=rule, SCANNED=scan in ("pass1", "kernel"), CDF=cdf, CHUNKS_PAD=triton.next_power_of_2(chunks),
                 STATS_PAD=partials_stride(stats_splits), STOP_STATS=scan == "kernel", TIMELINE=timeline,
                 VEC=_race_vec(t.target_logits.element_size(), race.rows, race.num_warps), TOKENS_FIRST=tokens_first,
-                LEAN_SCAN=lean_scan, num_warps=race.num_warps, **_pdl_meta(pdl),
+                LEAN_SCAN=lean_scan, SEQUENCE_WAIT=early, num_warps=race.num_warps, **_pdl_meta(pdl),
                 PICKS=_pick_group(t.target_logits.element_size(), race.rows, race.num_warps) if picks else 0)
     race_launch = BoundLaunch(_logits_race_kernel, (batch, race.programs), args, meta, device)
     launches.append(race_launch)
@@ -1994,7 +2063,7 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
         for step in launches:
             step()
 
-    launch.scratch = (best, arrivals, row_arrivals, sequence_arrivals)  # tests check they are left zeroed
+    launch.scratch = (best, arrivals, row_arrivals, sequence_arrivals, done)  # tests check they are left zeroed
     launch.scan = scan
     launch.combine = combine
     launch.sample = "picks" if picks else "cdf" if cdf else "race"

@@ -4,6 +4,8 @@ branches, constexpr-only arguments), which a GPU run would be the first to see."
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -63,15 +65,29 @@ def _kernels():
 @pytest.mark.parametrize("vec,words", [(4, False), (8, False), (8, True)])
 @pytest.mark.parametrize("pdl", [True, False])  # programmatic dependent launch: pass 1 lets the next kernel start
 @pytest.mark.parametrize("skip", [True, False])  # greedy requests' draft rows not read (the token rule)
-def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, words, pdl, skip, read_first=False):
+def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, words, pdl, skip, read_first=False,
+                                            sequence_done=False):
     kernels = _kernels()
     constexprs = {"GAMMA": 8, "TILE": 1024, "COMBINE": combine, "SPLITS_PAD": 4, "SCAN": scan, "GAMMA_PAD": 8,
                   "R_PAD": 32, "PRECISE_MATH": True, "FAST": fast, "VEC": vec, "FTZ_EXP2": True, "TIMELINE": timeline,
                   "PDL": pdl, "SKIP_GREEDY_DRAFTS": skip, "WORDS": words, "READ_FIRST": read_first,
-                  "BATCH_PAD": 32 if read_first else 1}
+                  "BATCH_PAD": 32 if read_first else 1, "SEQUENCE_DONE": sequence_done}
     ptx = _compile(kernels._row_stats_kernel, constexprs).asm["ptx"]
     assert "_row_stats_kernel" in ptx and ("%globaltimer" in ptx) == timeline
     assert ("griddepcontrol.launch_dependents" in ptx) == pdl and "griddepcontrol.wait" not in ptx
+    # SEQUENCE_DONE (scan "early"): one release arrival a program on its sequence's count, and nothing else atomic
+    # where pass 1 neither combines nor scans
+    if not (combine or scan):
+        assert bool(re.search(r"(atom|red)\.global\.gpu\.release\.add", ptx)) == sequence_done
+        assert len(re.findall(r"\b(atom|red)\.", ptx)) == sequence_done
+
+
+@pytest.mark.parametrize("timeline", [False, True])
+@pytest.mark.parametrize("vec,words", [(4, False), (8, True)])
+@pytest.mark.parametrize("pdl", [True, False])
+def test_row_stats_kernel_compiles_counting_its_sequence_done(timeline, vec, words, pdl):
+    """SEQUENCE_DONE (scan "early": programs launched sequence by sequence, each counting itself done)."""
+    test_row_stats_kernel_compiles_for_sm90(False, False, timeline, True, vec, words, pdl, True, sequence_done=True)
 
 
 @pytest.mark.parametrize("combine,timeline", [(True, False), (False, False), (False, True)])
@@ -102,7 +118,8 @@ def test_bf16_words_widen_without_a_conversion():
     assert ptx.count("st.shared") == plain.count("st.shared")
 
 
-@pytest.mark.parametrize("rule,scan", [("token", "race"), ("token", "pass1"), ("token", "kernel"), ("block", "race")])
+@pytest.mark.parametrize("rule,scan", [("token", "race"), ("token", "early"), ("token", "pass1"), ("token", "kernel"),
+                                       ("block", "race")])
 # fast mode: by inversion (cdf; picks: each program's candidate in its chunks), or the race
 @pytest.mark.parametrize("fast,cdf,picks", [(True, True, False), (True, True, True), (True, False, False),
                                             (False, False, False)])
@@ -114,12 +131,19 @@ def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, picks, steps, vec,
                                        lean=True):
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
-                FAST=fast, RULE=rule, SCANNED=scan != "race", CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
+                FAST=fast, RULE=rule, SCANNED=scan not in ("race", "early"), CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
                 STOP_STATS=scan == "kernel", VEC=vec, TIMELINE=timeline, PDL=pdl, TOKENS_FIRST=tokens_first,
-                LEAN_SCAN=lean, PICKS=16 // vec if picks else 0)  # picks' units of 2 (bf16) or 4 (fp32) lanes
+                LEAN_SCAN=lean, PICKS=16 // vec if picks else 0,  # picks' units of 2 (bf16) or 4 (fp32) lanes
+                SEQUENCE_WAIT=scan == "early")
     ptx = _compile(kernels._logits_race_kernel, pads).asm["ptx"]
     assert "_logits_race_kernel" in ptx and ("%globaltimer" in ptx) == timeline
-    assert ("griddepcontrol.wait" in ptx) == pdl and "griddepcontrol.launch_dependents" not in ptx
+    # scan "early" waits on its own sequence's count (acquire), never for the whole kernel ahead
+    assert ("griddepcontrol.wait" in ptx) == (pdl and scan != "early")
+    assert "griddepcontrol.launch_dependents" not in ptx
+    # (an atomic add of 0 with acquire: Triton 3.9 emits an acquire load, by one thread, shared through a barrier)
+    assert bool(re.search(r"(atom|ld)\.global\.gpu\.acquire", ptx)) == (scan == "early")
+    if scan == "early":  # the partials another program wrote in the kernel ahead, which may still run: from L2
+        assert "ld.global.cg" in ptx
 
 
 @pytest.mark.parametrize("fast,cdf", [(True, True), (False, False)])

@@ -19,16 +19,17 @@ def h200(monkeypatch):
     return torch.device("cuda")
 
 
-@pytest.mark.parametrize("batch,vocab,expected", [
-    (1, 128256, "race"),  # 126 race chunks fit beside each other: the repeated scans cost latency only
-    (16, 32000, "race"),
-    (32, 128256, "kernel"),  # 32·126 chunks: more than 16 per SM
-    (128, 32000, "kernel"),
-    (512, 32000, "kernel"),
+@pytest.mark.parametrize("batch,vocab,expected,with_pdl", [
+    (1, 128256, "race", "race"),  # 126 race chunks fit beside each other: the repeated scans cost latency only
+    (16, 32000, "race", "race"),
+    (32, 128256, "kernel", "early"),  # 32·126 chunks: more than 16 per SM
+    (128, 32000, "kernel", "early"),
+    (512, 32000, "kernel", "kernel"),  # above EARLY_MAX_BATCH
 ])
-def test_where_the_accept_scan_runs(h200, batch, vocab, expected):
+def test_where_the_accept_scan_runs(h200, batch, vocab, expected, with_pdl):
     race = kernels.default_race_plan(batch, vocab, h200)
     assert kernels.default_scan(batch, race, h200) == expected
+    assert kernels.default_scan(batch, race, h200, pdl=True) == with_pdl
 
 
 @pytest.mark.parametrize("registers,warps,shared,expected", [
@@ -137,18 +138,24 @@ def test_pass_one_takes_several_tiles_once_a_wave_is_full(h200):
     assert kernels.default_stats_plan(1, 4, 32000, h200).span == kernels.STATS_TILE  # 9 × 32 tiles fit a wave
 
 
-@pytest.mark.parametrize("scan", ["pass1", "kernel"])
+@pytest.mark.parametrize("scan", ["pass1", "kernel", "early"])
 def test_the_block_rule_refuses_another_scan(scan):
     inputs = types.SimpleNamespace(shape=(2, 3, 64), draft_tokens=torch.zeros(2, 3))  # refused before any launch
     with pytest.raises(ValueError, match="block rule scans in the race"):
         kernels.fused_logits_launcher(inputs, {}, fast=False, rule="block", scan=scan)
 
 
-@pytest.mark.parametrize("scan,combine", [("pass1", False), ("kernel", True)])
+@pytest.mark.parametrize("scan,combine", [("pass1", False), ("kernel", True), ("early", True)])
 def test_a_scan_refuses_the_wrong_combine(scan, combine):
     inputs = types.SimpleNamespace(shape=(2, 3, 64), draft_tokens=torch.zeros(2, 3))
     with pytest.raises(ValueError, match="combine"):
         kernels.fused_logits_launcher(inputs, {}, fast=False, scan=scan, combine=combine)
+
+
+def test_the_early_race_refuses_another_pass_one_order():
+    inputs = types.SimpleNamespace(shape=(2, 3, 64), draft_tokens=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="read_first"):
+        kernels.fused_logits_launcher(inputs, {}, fast=False, scan="early", read_first=True)
 
 
 def test_a_lower_split_cap_below_a_wave_takes_longer_spans(h200):

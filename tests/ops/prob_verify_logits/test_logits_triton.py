@@ -153,7 +153,7 @@ def _run_cases() -> dict[str, str | None]:
                                        fast.target_temperature, fast.draft_temperature, fast.uniforms,
                                        fast.exponential_noise)
         peer = snapshot(vllm.prepare(fast))  # the first call's draws
-        for scan, sample in ((scan, sample) for scan in ("race", "pass1", "kernel")
+        for scan, sample in ((scan, sample) for scan in ("race", "early", "pass1", "kernel")
                             for sample in ("race", "cdf", "picks")):
             # fast mode: a scan in pass 1 or in its own kernel draws the race's accept uniforms
             outputs = allocate_outputs(fast)
@@ -230,9 +230,10 @@ def _run_cases() -> dict[str, str | None]:
             for span, (scan, combine, tokens_first, lean) in itertools.product((64, 128, 320) if first else (64,), (
                     ("race", True, False, True), ("race", True, True, True), ("pass1", True, None, True),
                     ("race", False, False, True), ("race", False, True, True), ("kernel", None, None, True),
-                    ("race", False, True, False), ("race", True, False, False), ("kernel", None, None, False))):
+                    ("race", False, True, False), ("race", True, False, False), ("kernel", None, None, False),
+                    ("early", None, True, True), ("early", None, False, True))):
                 if not first and (scan, combine, tokens_first) in (("race", True, True), ("race", False, False),
-                                                                   ("pass1", True, None)):
+                                                                   ("pass1", True, None), ("early", None, False)):
                     continue
                 if not lean and span != 64:  # (the old path at one span: the interpreter's time is the budget)
                     continue
@@ -318,7 +319,8 @@ def _run_cases() -> dict[str, str | None]:
         greedy = base.target_temperature == 0
         assert greedy.tolist() == [True, False, False, False, True]
         runs = {f"scan {scan} combine {combine}": dict(scan=scan, combine=combine)
-                for scan, combine in (("race", True), ("race", False), ("pass1", True), ("kernel", None))}
+                for scan, combine in (("race", True), ("race", False), ("early", None), ("pass1", True),
+                                      ("kernel", None))}
         runs["one launch"] = dict(single=True)
         runs["reading programs first"] = dict(read_first=True)
         greedy_accepts = sampled_rejects = 0
