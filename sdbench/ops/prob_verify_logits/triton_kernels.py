@@ -1696,10 +1696,11 @@ def _race_fills_the_machine(batch: int, race: RacePlan, device: torch.device) ->
 
 
 # The largest batch at which the race that fills the machine scans "early" (with PDL) rather than in the scan kernel.
-# Measured on the H200 (docs/perf-notes.md, "Session 40"; GPU µs, cold / warm, default -> early): b = 128 gained at
-# 11 of 12 states (128:8:128256 bf16 145.4 -> 139.9, 128:16:32000 fp32 124.4 -> 121.6; 128:4:32000 bf16 +0.1 warm),
-# b = 32 at V = 128256 and 151936 gained where γ >= 8 (32:16:151936 bf16 85.5 -> 81.0) and tied at γ = 4 (within
-# -0.9 / +1.0); b = 512 lost at all three states (512:8:32000 bf16 139.2 -> 140.6 cold, 138.7 -> 141.1 warm).
+# Measured on the H200 (docs/perf-notes.md, "Session 40"; GPU µs, default -> early): at b = 128, 17 of 18 (state,
+# L2) pairs gained (128:8:128256 bf16 cold 145.4 -> 139.9, 128:16:32000 fp32 cold 124.4 -> 121.6) and 128:4:32000
+# bf16 warm lost 0.1-0.4; b = 32 at V = 128256 and 151936 gained where γ >= 8 (32:16:151936 bf16 cold 85.5 -> 81.0)
+# and sat within -0.9 / +1.0 at γ = 4; b = 512 lost at all three states timed (512:8:32000 bf16 cold 139.1 -> 140.6,
+# warm 138.6 -> 141.4).
 EARLY_MAX_BATCH = 128
 
 
