@@ -158,22 +158,26 @@ def test_where_the_scan_runs_changes_no_output(randomness):
     w.draft_tokens[3, 2] = -1  # a bad id: flagged by whichever kernel scans
     inputs = kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                    w.draft_temperature, w.uniforms, w.exponential_noise)
-    results = []
-    for scan in (None, "kernel", "pass1", "race", "early"):
-        outputs = allocate_outputs(w)
-        # (sample "cdf": "picks" draws per chunk of the race plan, which each variant's compiled registers size)
-        launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed, scan=scan,
-                                               sample="cdf")
-        launch()
-        results.append((launch.scan, {key: value.clone() for key, value in outputs.items()}))
-    torch.cuda.synchronize()
-    # the default here: early with PDL (b = 32 <= EARLY_MAX_BATCH), else the scan kernel
-    default = "early" if kernels.pdl_available(torch.device(DEVICE)) else "kernel"
-    assert [scan for scan, _ in results] == [default, "kernel", "pass1", "race", "early"]
-    for _, other in results[1:]:
-        for key, value in results[0][1].items():
-            assert torch.equal(value, other[key]), key
-    assert int(results[0][1]["error_flags"][3]) != 0
+    # fast mode draws by "cdf" (float64 inversion) and by "picks" (per-chunk candidates), each on one race plan for
+    # every scan (the draws follow the plan's chunks, which each variant's compiled registers would size otherwise)
+    pinned = kernels.RacePlan(rows=256, steps=1, programs=126, num_warps=4)  # 126 chunks of 1024: one a program
+    for sample in ("cdf", "picks") if randomness == "fast" else (None,):
+        results = []
+        for scan in (None, "kernel", "pass1", "race", "early"):
+            outputs = allocate_outputs(w)
+            launch = kernels.fused_logits_launcher(inputs, outputs, fast=randomness == "fast", seed=w.seed, scan=scan,
+                                                   sample=sample, race_plan=pinned)
+            launch()
+            results.append((launch.scan, {key: value.clone() for key, value in outputs.items()}))
+        torch.cuda.synchronize()
+        # the default here: early with PDL (b = 32 <= EARLY_MAX_BATCH), else the scan kernel
+        default = "early" if kernels.pdl_available(torch.device(DEVICE)) else "kernel"
+        assert [scan for scan, _ in results] == [default, "kernel", "pass1", "race", "early"]
+        assert launch.sample == (sample or "race")
+        for _, other in results[1:]:
+            for key, value in results[0][1].items():
+                assert torch.equal(value, other[key]), (sample, key)
+        assert int(results[0][1]["error_flags"][3]) != 0
 
 
 @pytest.mark.parametrize("randomness", ["fast", "supplied"])
@@ -511,9 +515,13 @@ def _spread(logits: torch.Tensor, vocab: int = SPREAD_VOCAB) -> tuple[torch.Tens
     return wide, columns
 
 
-def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4, sample: str = "cdf", vocab: int = SPREAD_VOCAB):
+def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4, sample: str = "cdf", vocab: int = SPREAD_VOCAB,
+                  chunk: int = 1024):
     """fused_logits' outputs (fast mode: the inversion) over the spread logits, the tokens mapped back to
-    0..15 (16 for a column that should never be drawn), and the p and q the kernel sees."""
+    0..15 (16 for a column that should never be drawn), and the p and q the kernel sees. chunk 1024: the plan the
+    launcher picks here (8 chunks, four live columns in each of the first four); 2048: a race plan pinned to 2048-column
+    chunks, one a program (the default at b = 32, V = 32000 where the race scans), whose units (`_pick_group`) hold 4
+    lanes for float32 and 2 for bf16, so that live columns 1024 apart share a thread's unit."""
     target, draft = fixed_logits()
     wide_target, columns = _spread(target, vocab)
     wide_draft, _ = _spread(draft, vocab)
@@ -530,13 +538,15 @@ def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4, sample: str
                                         wide_draft.to(DEVICE).expand(cfg.batch_size, -1, -1), cfg)
         w = w.with_randomness("fast")
         out = allocate_outputs(w)
+        chunks = -(-vocab // chunk)
+        pinned = None if chunk == 1024 else kernels.RacePlan(rows=chunk // 4, steps=1, programs=chunks, num_warps=4)
         launch = kernels.fused_logits_launcher(
             kernels.LogitsTensors(w.draft_tokens, w.target_logits, w.draft_logits, w.target_temperature,
                                   w.draft_temperature, w.uniforms, w.exponential_noise), out, fast=True, seed=w.seed,
-            offset=w.offset, sample=sample)
+            offset=w.offset, sample=sample, race_plan=pinned)
         race = launch.plans[1]
-        # the inversion's levels: 8 chunks of 1024 columns, four live ones in each of the first four
-        assert launch.sample == sample and (4 * race.rows, race.programs * race.steps) == (1024, 8), race
+        # the inversion's levels: vocab / chunk chunks, the live columns in the first 4096
+        assert launch.sample == sample and (4 * race.rows, race.programs * race.steps) == (chunk, chunks), race
         launch()
         tokens = out["output_tokens"]
         outputs["output_tokens"].append(torch.where(tokens >= 0, index[tokens.clamp_min(0)], tokens).cpu())
@@ -547,9 +557,11 @@ def _spread_draws(dtype: str, rounds: int = 100_000, parts: int = 4, sample: str
 
 # picks at a vocab Triton does not know to be a multiple of 16: a lane is spread over threads, and its running sum is a
 # shuffle scan, which can fall by an ulp (`_pick_in_chunk`'s w > 0 tests keep such a draw off dead columns)
-@pytest.mark.parametrize("sample,vocab", [("cdf", SPREAD_VOCAB), ("picks", SPREAD_VOCAB), ("picks", SPREAD_VOCAB - 1)])
+# and picks at 2048-column chunks, whose float32 units are 4 lanes (16 columns) a thread
+@pytest.mark.parametrize("sample,vocab,chunk", [("cdf", SPREAD_VOCAB, 1024), ("picks", SPREAD_VOCAB, 1024),
+                                                ("picks", SPREAD_VOCAB - 1, 1024), ("picks", SPREAD_VOCAB, 2048)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_inversion_over_several_chunks_is_exact(dtype, sample, vocab):
+def test_inversion_over_several_chunks_is_exact(dtype, sample, vocab, chunk):
     """Fast mode's residual draw by inversion (`_cdf_pick`: a chunk from the race programs' chunk masses,
     then a column within it; "picks": each program's candidate in its chunk, `_pick_in_chunk`, and the chunk chosen
     by mass, `_chunk_choice`) where the residual spreads over 4 chunks, two lanes of two live columns in each: the
@@ -557,7 +569,7 @@ def test_inversion_over_several_chunks_is_exact(dtype, sample, vocab):
     dead column. Must fail, the first-token check on the same draws with each drawn token moved (`_drawn_moved`):
     to the next chunk (a chunk-level mistake of the inversion), to the other lane of its chunk or to its neighbour
     in its lane (within-chunk mistakes)."""
-    outputs, (target, draft) = _spread_draws(dtype, sample=sample, vocab=vocab)
+    outputs, (target, draft) = _spread_draws(dtype, sample=sample, vocab=vocab, chunk=chunk)
     p, q = target.softmax(dim=1), draft.softmax(dim=1)
     assert int((outputs["output_tokens"] == 16).sum()) == 0
     pvalues = exactness_pvalues(outputs, p, q)
