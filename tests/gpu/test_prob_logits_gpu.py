@@ -691,3 +691,42 @@ def test_one_launch_replays_in_a_graph():
         assert torch.equal(outputs[key], value), key
     assert bool((launch.philox_offsets == w.offset + 1).all())
     assert not any(counter.any() for counter in launch.scratch)
+
+
+# --- compute-sanitizer ----------------------------------------------------------------------------
+# fused_logits at every scan placement (the early race included: its count, its wait, its reset) and every fast-mode
+# draw, the block rule, and the vLLM-style peer: no access outside the buffers, no read of memory never written (the
+# partials' padding is zeroed once, `allocate_stats`), no shared-memory race, no barrier misuse.
+SANITIZER_SCRIPT = """
+import sys, torch
+from sdbench import parity, registry
+from sdbench.ops.prob_verify_logits import triton_kernels as kernels
+from sdbench.ops.prob_verify_logits.common import allocate_outputs
+from sdbench.ops.prob_verify_logits.workload import LogitsConfig, make_logits_workload
+failed = 0
+for cfg in (LogitsConfig(5, 3, vocab_size=3000, seed=1), LogitsConfig(9, 4, vocab_size=3001, logits_dtype="bfloat16", seed=2)):
+    w = make_logits_workload(cfg, "cuda")
+    w.draft_tokens[1, 1] = cfg.vocab_size  # a bad id
+    for name in ("fused_logits", "vllm_v2_style"):
+        failure = parity.check(registry.get("prob_verify_logits", name), w)
+        failed += failure is not None
+        print(name, failure, flush=True)
+    fast = w.with_randomness("fast", offset=3)
+    inputs = kernels.LogitsTensors(fast.draft_tokens, fast.target_logits, fast.draft_logits, fast.target_temperature,
+                                   fast.draft_temperature, fast.uniforms, fast.exponential_noise)
+    for scan in (None, "early", "kernel", "pass1", "race"):
+        for sample in ("cdf", "picks", "race"):
+            kernels.fused_logits_launcher(inputs, allocate_outputs(fast), fast=True, seed=fast.seed, scan=scan,
+                                          sample=sample)()
+    kernels.fused_logits_launcher(inputs, allocate_outputs(fast), fast=True, seed=fast.seed, rule="block")()
+    torch.cuda.synchronize()
+sys.exit(1 if failed else 0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "initcheck", "synccheck"])
+def test_compute_sanitizer_clean(tool):
+    from sanitizer import assert_sanitizer_clean
+
+    assert_sanitizer_clean(tool, SANITIZER_SCRIPT)
