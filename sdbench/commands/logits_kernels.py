@@ -271,7 +271,9 @@ def _launches(variant: str, w, batch: int, gamma: int, vocab: int, sms: int, tim
     # the shipped launch's plans and choices: the timeline build's registers must not re-plan it
     same = {k: v for k, v in changes.items() if k != "stats_max_splits"}  # (its plan holds it)
     # without PDL unless the variant names it: with it, the race's entry falls inside pass 1 and its first phase
-    # holds the wait, so the gap and the race's phases would not mean what the timeline's columns say
+    # holds the wait, so the gap and the race's phases would not mean what the timeline's columns say. (So under
+    # scan "early", the default where the race fills the machine up to b = 128, the timeline shows the race after
+    # all of pass 1: not the overlap the timed design has.)
     same.setdefault("pdl", False)
     same.update(stats_plan_=shipped.plans[0], race_plan=shipped.plans[1], scan=shipped.scan, combine=shipped.combine)
     return shipped, tk.fused_logits_launcher(_inputs(w), allocate_outputs(w), True, w.seed, 0, **same, timeline=True)

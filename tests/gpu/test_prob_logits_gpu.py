@@ -351,7 +351,8 @@ def test_programmatic_dependent_launch_is_available_on_hopper():
 @pytest.mark.parametrize("randomness", ["fast", "supplied"])
 def test_programmatic_dependent_launch_changes_no_output(rule, scan, randomness):
     """With the scan kernel and the race started early (each waits for the kernel ahead before reading what it
-    wrote), and, where the race scans, in either order of its loads, ten calls in a row give what ten calls
+    wrote; under scan "early", for its own sequence's pass-1 count), and, where the race scans, in either order of
+    its loads, ten calls in a row give what ten calls
     without PDL give, call by call, eagerly and replayed in a CUDA graph. Before each call the inputs are
     overwritten with one of two workloads in turn (a plain copy, stream-ordered before pass 1), so every
     intermediate (pass 1's partials, the combined stats, the block rule's masses, k and row k's normalisers)

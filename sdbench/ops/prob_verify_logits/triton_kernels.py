@@ -4,7 +4,8 @@ their launchers.
 Two designs, both equal to `reference.prob_verify_logits` on supplied randomness (up to near-ties at
 float32 rounding, see reference.py):
 
-- fused_logits (sdbench, 2 launches, 3 where the race fills the machine). The dependency: the accept
+- fused_logits (sdbench, 2 launches, 3 where the race fills the machine above EARLY_MAX_BATCH or without PDL).
+  The dependency: the accept
   test at position i needs p_i(x_i) and q_i(x_i), i.e. the softmax normalisers (max, Σexp) of target
   row i and draft row i (a greedy target's only its argmax: it needs no q), and the first rejection k needs
   all of them; the race at k needs rows k again. So:
@@ -19,14 +20,15 @@ float32 rounding, see reference.py):
   2. The accept scan (`scan`, `default_scan`): where the race fills the machine, up to b = EARLY_MAX_BATCH
      with PDL, "early": pass 1 and the race launch sequence by sequence, each pass-1 program counts itself done
      for its sequence, and a race program combines and scans as soon as its own sequence is done, so the early
-     sequences' races run beside pass 1's last programs; at larger b, `_scan_kernel`, grid
+     sequences' races run beside pass 1's last programs; at larger b or without PDL, `_scan_kernel`, grid
      (B,), combines each sequence's partials, scans to k, and writes k, row k's normalisers and the bad-id
      flag, so pass 1 makes no arrival atomics (they cost it ~20%) and the race starts from 7 numbers;
      where it does not, every race program combines and scans itself (the repeats run beside each other,
      and a launch between the passes would add its latency). Also available: "pass1", the sequence's
      last pass-1 row combines its row and scans, with acq_rel arrivals (COMBINE, SCAN).
   3. `_logits_race_kernel`, grid (B, programs), the prob `fused` sampler's shape (a program takes
-     `steps` chunks of at most RACE_CHUNK_MAX columns, or RACE_SCAN_CHUNK_MAX where it scans: `default_race_plan`;
+     `steps` chunks of at most RACE_CHUNK_MAX columns, or RACE_SCAN_CHUNK_MAX where it scans and does not fill
+     the machine (scan "race"): `default_race_plan`;
      one wave of programs, at least RACE_MIN_PROGRAMS a sequence, `race_steps`): program (b, c) reads its chunk
      of target row k and draft row k (2 rows per sequence: ~2/(2γ+1) of pass 1), turns them into p and q with
      the row-k normalisers, and (fast mode) stores its chunks' residual masses, from which the last program to
@@ -36,7 +38,8 @@ float32 rounding, see reference.py):
      outputs (greedy targets skip the row: next = argmax of row k).
   On sm_90+ (`pdl_available`) the scan kernel and the race launch with programmatic dependent launch: each
   starts its programs and loads its inputs while the kernel ahead finishes, and waits for it
-  (`_wait_for_prior_kernel`) before reading what it wrote (docs/perf-notes.md, "Session 23").
+  (`_wait_for_prior_kernel`) before reading what it wrote (docs/perf-notes.md, "Session 23"); under scan "early" the
+  race waits instead for its own sequence's pass-1 count (`_wait_for_sequence`; "Session 40").
 - fused_logits with rule="block" (Sun et al., reference.block_stop; 3 launches, 2 when γ = 1). The
   dependency: h_i needs r_i = Σ_x max(0, w_i·p_i(x) - q_i(x)) at every i < γ, a sum over whole rows
   that needs the normalisers (pass 1) and w_i (the ratios at the draft tokens, 2γ gathered logits), and
@@ -404,7 +407,9 @@ def _row_stats_kernel(
 @triton.jit
 def _count_done(done_ptr, b):
     """A pass-1 program of sequence b counts itself done (done_ptr, int32 [B]), after its partial: the barrier
-    orders every thread's stores before the one release (the pattern of a grid barrier's arrival)."""
+    orders every thread's stores before the one release (the pattern of a grid barrier's arrival). Triton 3.9 puts a
+    barrier before a scalar atomic of its own; this one does not rely on it (test_logits_compile checks a bar.sync
+    sits between the last store and the release)."""
     tl.debug_barrier()
     tl.atomic_add(done_ptr + b, 1, sem="release")
 
@@ -497,7 +502,8 @@ def _scan_in_pass_one(row_max_ptr, row_sum_ptr, row_arg_ptr, draft_tokens_ptr, t
 def _combined_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b, splits,
                     GAMMA: tl.constexpr, R_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
     """Row max M, Σexp(z - M) S and first argmax A of sequence b's 2γ+1 rows ([R_PAD] each). CACHE ".cg" where
-    the partials were written in the same launch (`_one_launch_kernel`): read from L2, never a stale L1 line;
+    the partials were written by programs still running (`_one_launch_kernel`; the early race, SEQUENCE_WAIT): read
+    from L2, never a stale L1 line;
     "" otherwise (a constexpr with no default: Triton 3.6 does not wrap a default string as a constexpr)."""
     return _rows_stats(stats_max_ptr, stats_sum_ptr, stats_arg_ptr, b * (2 * GAMMA + 1), 2 * GAMMA + 1, splits,
                        R_PAD, SPLITS_PAD, CACHE)
@@ -1160,7 +1166,8 @@ def _race_program(
     "pass1" or "kernel"): an earlier kernel ran the accept scan and left k at stop_ptr and the error flag
     written, so a program loads k (one L2 round trip, beside the rows' stats) instead of gathering 2γ
     logits and scanning; otherwise every program scans (scan "race": where the race does not fill the
-    machine, so the repeats run beside each other). STOP_STATS (scan "kernel"): `_scan_kernel` also left
+    machine, so the repeats run beside each other; scan "early": where it does, each program as soon as its
+    sequence's pass 1 is done, SEQUENCE_WAIT). STOP_STATS (scan "kernel"): `_scan_kernel` also left
     row k's normalisers at stop_stats_ptr [B, 6], so a program loads 7 numbers and combines nothing.
     CDF (fast mode's "cdf" and "picks"): each program stores its chunks' residual masses (chunk_mass_ptr, float32,
     `chunks`·STEPS a sequence) and the last arrival draws the token by inversion (`_cdf_pick`); otherwise
@@ -1708,8 +1715,9 @@ def default_scan(batch: int, race: RacePlan, device: torch.device, pdl: bool = F
     """Where the token rule's accept scan runs. Where the race fills the machine: "early" (with PDL, up to
     EARLY_MAX_BATCH): every race program scans, each starting once its own sequence's pass 1 is done, so the early
     sequences' races run beside pass 1's last programs, and no kernel sits between the passes; pass 1 pays a
-    release arrival a program (~0.5-1 µs of pass 1 at b = 32, V = 128256) and the race a scan a program, which
-    cost more than they save at b = 512. Otherwise "kernel", a launch of its own between the passes: pass 1 then
+    release arrival a program (~0.7-1.1 µs of pass 1 at b = 32, γ = 4, V = 128256) and the race a scan a program,
+    which cost more than they save at b = 512. (Timed at b = 32 and 128 on the H200; other B up to 128 take it by
+    this rule untimed, e.g. b = 64 at V >= 128256.) Otherwise "kernel", a launch of its own between the passes: pass 1 then
     makes no arrival atomics (at b=128, γ=16, V=32000, bf16 its old acq_rel arrivals took pass 1 from 77 to 97
     µs) and the race starts from k and row k's normalisers. "race" (every race program combines the rows'
     partials and scans, after all of pass 1) where the race does not fill the machine: the repeats run beside
@@ -1896,9 +1904,9 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     design.
     pdl (two launches): the scan kernel and the race launched with programmatic dependent launch, so each one's
     start and input loads overlap the kernel ahead of it (`_wait_for_prior_kernel`); None: where `pdl_available`.
-    tokens_first (a race that scans: scan "race", the block rule): its programs load the draft tokens and their
-    logits before the rows' stats (with PDL, during the wait); None: `default_tokens_first` (docs/perf-notes.md,
-    "Session 23" and "Session 24").
+    tokens_first (a race that scans: scan "race" or "early", the block rule): its programs load the draft tokens and
+    their logits before the rows' stats (with PDL, during the wait); None: `default_tokens_first`
+    (docs/perf-notes.md, "Session 23" and "Session 24").
     lean_scan (the token rule's accept scan, in the race that scans and in the scan kernel): it combines only the rows
     it reads (`_position_stats`); False: all 2γ+1 rows, then picks. The same tokens but at near-ties (`_rows_stats`);
     kept to time the two (docs/perf-notes.md, "Session 26").
@@ -1998,7 +2006,11 @@ def _fused_logits_launch(t: LogitsTensors, outputs: dict[str, torch.Tensor], fas
     tokens_first = tokens_first and scan in ("race", "early")
     row_arrivals = torch.zeros(batch * (2 * gamma + 1), dtype=torch.int32, device=device)
     early = scan == "early"
-    done = torch.zeros(batch, dtype=torch.int32, device=device)  # (scan "early": pass-1 programs done a sequence)
+    # scan "early": pass-1 programs done, a sequence. The race's last arrival puts it back to 0 with a plain store,
+    # which is safe against the next call's counts only because pass 1 starts with a plain launch (no launch_pdl:
+    # it never overlaps the race ahead of it). The count is one-shot: pass 1 and the race run together, as launch()
+    # runs them (pass 1 alone would leave it full, and the next race would not wait).
+    done = torch.zeros(batch, dtype=torch.int32, device=device)
     best = torch.zeros(batch, dtype=torch.int64, device=device)
     arrivals = torch.zeros(batch, dtype=torch.int32, device=device)
     sequence_arrivals = torch.zeros(batch, dtype=torch.int32, device=device)

@@ -80,6 +80,10 @@ def test_row_stats_kernel_compiles_for_sm90(combine, scan, timeline, fast, vec, 
     if not (combine or scan):
         assert bool(re.search(r"(atom|red)\.global\.gpu\.release\.add", ptx)) == sequence_done
         assert len(re.findall(r"\b(atom|red)\.", ptx)) == sequence_done
+    if sequence_done:  # the barrier between every thread's stores of the partial and the one release (`_count_done`)
+        release = re.search(r"(atom|red)\.global\.gpu\.release\.add", ptx).start()
+        last_store = ptx.rfind("st.global", 0, release)
+        assert 0 <= last_store < ptx.rfind("bar.sync", 0, release)
 
 
 @pytest.mark.parametrize("timeline", [False, True])
@@ -128,7 +132,7 @@ def test_bf16_words_widen_without_a_conversion():
 # pdl: launched with launch_pdl, it waits for the kernel ahead; tokens_first: a race that scans loads the tokens first
 @pytest.mark.parametrize("pdl,tokens_first", [(True, True), (True, False), (False, False), (False, True)])
 def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, picks, steps, vec, timeline, pdl, tokens_first,
-                                       lean=True):
+                                       lean=True, compile_=True):
     kernels = _kernels()
     pads = dict(GAMMA=8, GAMMA_PAD=8, R_PAD=32, MASS_PAD=4, ROWS=256, STEPS=steps, PRECISE_MATH=True,
                 FAST=fast, RULE=rule, SCANNED=scan not in ("race", "early"), CDF=cdf, CHUNKS_PAD=256, STATS_PAD=4,
@@ -136,6 +140,8 @@ def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, picks, steps, vec,
                 LEAN_SCAN=lean, PICKS=16 // vec if picks else 0,  # picks' units of 2 (bf16) or 4 (fp32) lanes
                 SEQUENCE_WAIT=scan == "early")
     ptx = _compile(kernels._logits_race_kernel, pads).asm["ptx"]
+    if not compile_:
+        return ptx
     assert "_logits_race_kernel" in ptx and ("%globaltimer" in ptx) == timeline
     # scan "early" waits on its own sequence's count (acquire), never for the whole kernel ahead
     assert ("griddepcontrol.wait" in ptx) == (pdl and scan != "early")
@@ -143,15 +149,19 @@ def test_race_kernel_compiles_for_sm90(rule, scan, fast, cdf, picks, steps, vec,
     # (an atomic add of 0 with acquire: Triton 3.9 emits an acquire load, by one thread, shared through a barrier)
     assert bool(re.search(r"(atom|ld)\.global\.gpu\.acquire", ptx)) == (scan == "early")
     if scan == "early":  # the partials another program wrote in the kernel ahead, which may still run: from L2
-        assert "ld.global.cg" in ptx
+        # (the last arrival's draw reads the chunk masses with .cg in every scan: count against scan "race")
+        plain = test_race_kernel_compiles_for_sm90(rule, "race", fast, cdf, picks, steps, vec, timeline, pdl,
+                                                   tokens_first, lean, compile_=False)
+        assert ptx.count("ld.global.cg") > plain.count("ld.global.cg")
 
 
 @pytest.mark.parametrize("fast,cdf", [(True, True), (False, False)])
 @pytest.mark.parametrize("steps,vec", [(1, 8), (3, 4)])
 @pytest.mark.parametrize("pdl,tokens_first", [(True, True), (False, False)])
-def test_race_kernel_compiles_with_every_row_combined(fast, cdf, steps, vec, pdl, tokens_first):
+@pytest.mark.parametrize("scan", ["race", "early"])
+def test_race_kernel_compiles_with_every_row_combined(fast, cdf, steps, vec, pdl, tokens_first, scan):
     """lean_scan=False (the race that scans combines all 2γ+1 rows, then picks: the A/B's other side)."""
-    test_race_kernel_compiles_for_sm90("token", "race", fast, cdf, False, steps, vec, False, pdl, tokens_first,
+    test_race_kernel_compiles_for_sm90("token", scan, fast, cdf, False, steps, vec, False, pdl, tokens_first,
                                        lean=False)
 
 

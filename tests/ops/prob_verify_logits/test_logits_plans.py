@@ -296,3 +296,26 @@ def test_an_explicit_load_order_is_kept_and_a_race_that_does_not_scan_has_none()
         launch = kernels.fused_logits_launcher(t, _outputs(2, 3), fast=True, scan=scan, tokens_first=tokens_first)
         assert launch.tokens_first is want, (scan, tokens_first)
         assert launch.race_launch._meta["TOKENS_FIRST"] is want
+
+
+def test_the_early_race_waits_on_its_sequence_behind_a_plain_pass_one():
+    """scan "early" built on the CPU with pdl=True (nothing is launched): pass 1 counts its programs a sequence
+    (SEQUENCE_DONE) and starts with a plain launch, never launch_pdl, since the race's last arrival resets the count
+    with a plain store that the next call's pass 1 must not overlap; the race launches with PDL, waits on its
+    sequence's count (SEQUENCE_WAIT) of (2γ+1)·splits programs, combines the uncombined partials itself and scans
+    (not SCANNED, no stop stats); the count is part of the scratch the tests check is left zeroed. Another scan
+    leaves both off."""
+    t = _logits_tensors(torch.float32)  # B = 2, γ = 3
+    race = kernels.RacePlan(rows=32, steps=1, programs=2, num_warps=4)
+    plan = kernels.StatsPlan(span=kernels.STATS_TILE, splits=4)
+    launch = kernels._fused_logits_launch(t, _outputs(2, 3), True, 0, 0, plan, "token", None, race, "early", None,
+                                          False, pdl=True)
+    pass_one, race_meta = launch.stats_launch._meta, launch.race_launch._meta
+    assert pass_one["SEQUENCE_DONE"] and "launch_pdl" not in pass_one and pass_one["PDL"]
+    assert race_meta["SEQUENCE_WAIT"] and race_meta["launch_pdl"]
+    assert not race_meta["SCANNED"] and not race_meta["STOP_STATS"] and race_meta["STATS_PAD"] == 4
+    assert launch.race_launch._args[launch.race_launch._kernel.arg_names.index("pass_programs")] == 7 * 4
+    assert launch.scratch[-1].shape == (2,) and not launch.scratch[-1].any()
+    other = kernels._fused_logits_launch(t, _outputs(2, 3), True, 0, 0, plan, "token", None, race, "kernel", None,
+                                         False, pdl=True)
+    assert not other.stats_launch._meta["SEQUENCE_DONE"] and not other.race_launch._meta["SEQUENCE_WAIT"]
