@@ -1717,9 +1717,9 @@ def default_scan(batch: int, race: RacePlan, device: torch.device, pdl: bool = F
     sequences' races run beside pass 1's last programs, and no kernel sits between the passes; pass 1 pays a
     release arrival a program (~0.7-1.1 µs of pass 1 at b = 32, γ = 4, V = 128256) and the race a scan a program,
     which cost more than they save at b = 512. (Timed at b = 32 and 128 on the H200; other B up to 128 take it by
-    this rule untimed, e.g. b = 64 at V >= 128256.) Otherwise "kernel", a launch of its own between the passes: pass 1 then
-    makes no arrival atomics (at b=128, γ=16, V=32000, bf16 its old acq_rel arrivals took pass 1 from 77 to 97
-    µs) and the race starts from k and row k's normalisers. "race" (every race program combines the rows'
+    this rule untimed, e.g. b = 64 at V >= 128256.) Otherwise "kernel", a launch of its own between the passes:
+    pass 1 then makes no arrival atomics (at b=128, γ=16, V=32000, bf16 its old acq_rel arrivals took pass 1 from
+    77 to 97 µs) and the race starts from k and row k's normalisers. "race" (every race program combines the rows'
     partials and scans, after all of pass 1) where the race does not fill the machine: the repeats run beside
     each other, and a launch between the passes would add its latency (~4 µs) to a 10 µs step."""
     if not _race_fills_the_machine(batch, race, device):
@@ -1855,9 +1855,8 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
     args = (t.target_logits, t.draft_logits, t.target_temperature, t.draft_temperature, *stats,
             *(combined if combine else stats + (stats[2],)), t.draft_tokens, t.uniforms, *scan_tensors,
             stats[2] if timeline is None else timeline, stats[2] if done is None else done, seed, vocab, plan.span,
-            plan.splits,
-            t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0), t.draft_logits.stride(1),
-            t.draft_tokens.stride(0), t.uniforms.stride(0))
+            plan.splits, t.target_logits.stride(0), t.target_logits.stride(1), t.draft_logits.stride(0),
+            t.draft_logits.stride(1), t.draft_tokens.stride(0), t.uniforms.stride(0))
     meta = dict(GAMMA=gamma, TILE=tile, COMBINE=combine, SPLITS_PAD=partials_stride(plan.splits),
                 SCAN=scan is not None, GAMMA_PAD=triton.next_power_of_2(gamma),
                 R_PAD=triton.next_power_of_2(2 * gamma + 1), PRECISE_MATH=_precise_math(device), FAST=fast,
