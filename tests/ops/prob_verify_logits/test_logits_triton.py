@@ -69,7 +69,9 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, str | None]:
-    return run_interpreted(script=Path(__file__), timeout=480)
+    # (a hang guard, not a time bar: ~6 min alone on 2 cores, more beside other tests; a race that waited on a count
+    # never filled would spin until it)
+    return run_interpreted(script=Path(__file__), timeout=900)
 
 
 @needs_triton
