@@ -1183,7 +1183,7 @@ def _race_program(
     as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work.
     PDL (`_logits_race_kernel` launched with launch_pdl): the inputs (offset, temperatures) load before
     `_wait_for_prior_kernel`, while the kernel ahead finishes; what pass 1, the scan kernel or the mass pass wrote,
-    after it. TOKENS_FIRST (a program that scans): the draft tokens and their 2γ logits load before the rows'
+    after it (SEQUENCE_WAIT: after its sequence's pass-1 count, the kernel ahead perhaps still running). TOKENS_FIRST (a program that scans): the draft tokens and their 2γ logits load before the rows'
     stats (and, with PDL, before the wait), or after them (the order measured faster without PDL at b = 1).
     LEAN_SCAN (a program that scans, token rule): it combines only the rows it reads, position by position
     (`_position_stats`), not all 2γ+1 rows and then picks (`_combined_stats`; the same rows and formula, S up to its
@@ -1674,8 +1674,8 @@ def default_race_plan(batch: int, vocab: int, device: torch.device, per_sm: int 
     rule, from the H100 (docs/perf-notes.md, "Session 28"; b = 8-64 at V = 32000, 128256 and 151936). bf16: the
     graph view 0.2-1.4 µs shorter, the gpu view 1.1 shorter to 0.4 longer. fp32: -0.8 to +0.4 µs. At b = 32,
     V = 32000 a sequence keeps 16 programs, of one 2048-column step instead of two 1024-column ones. With fewer than
-    two programs an SM it was slower (b = 2, V = 151936, 150 programs: +0.3 µs). The scan kernel's placement is
-    decided on the RACE_CHUNK_MAX plan, so it never moves. The one launch (token rule) takes the same plan, so its
+    two programs an SM it was slower (b = 2, V = 151936, 150 programs: +0.3 µs). Where the scan runs (`default_scan`)
+    is decided on the RACE_CHUNK_MAX plan, so it never moves. The one launch (token rule) takes the same plan, so its
     draws are the two launches' (its chunks set the inversion's masses); it was not timed with it. The block rule's
     race keeps RACE_CHUNK_MAX: it was not timed with the rule alone (0.2-0.9 µs slower with it and another change at
     once)."""
