@@ -6,7 +6,8 @@
 A point is batch:γ:V:dtype (bf16 or fp32). A variant is `vllm` (vllm_v2_style) or fused_logits with
 '+'-joined changes to its default plans: `scan-kernel` / `scan-race` / `scan-early` / `scan-pass1` (where the
 token rule's accept scan runs; early: in the race, each program starting once its own sequence's pass 1 is
-done), `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM, spans rounded up), `tile<N>` / `warps<N>` (pass 1: N columns a step, N warps a program; planned for STATS_WAVES
+done), `span<N>` (pass 1: N columns a program), `pps<N>` (pass 1: about N programs per SM, spans rounded up),
+`tile<N>` / `warps<N>` (pass 1: N columns a step, N warps a program; planned for STATS_WAVES
 waves of STATS_PER_SM_GUESS programs per SM unless span or pps is named), `cap<N>` (pass 1: at most N splits
 below one wave),
 `r<ROWS>x<N>` (race: 4·ROWS columns a step, at most one wave of N programs per SM),

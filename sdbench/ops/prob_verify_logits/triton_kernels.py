@@ -1183,8 +1183,9 @@ def _race_program(
     as prob `fused` does: timed calls and graph replays draw fresh numbers with no host work.
     PDL (`_logits_race_kernel` launched with launch_pdl): the inputs (offset, temperatures) load before
     `_wait_for_prior_kernel`, while the kernel ahead finishes; what pass 1, the scan kernel or the mass pass wrote,
-    after it (SEQUENCE_WAIT: after its sequence's pass-1 count, the kernel ahead perhaps still running). TOKENS_FIRST (a program that scans): the draft tokens and their 2γ logits load before the rows'
-    stats (and, with PDL, before the wait), or after them (the order measured faster without PDL at b = 1).
+    after it (SEQUENCE_WAIT: after its sequence's pass-1 count, the kernel ahead perhaps still running).
+    TOKENS_FIRST (a program that scans): the draft tokens and their 2γ logits load before the rows' stats (and, with
+    PDL, before the wait), or after them (the order measured faster without PDL at b = 1).
     LEAN_SCAN (a program that scans, token rule): it combines only the rows it reads, position by position
     (`_position_stats`), not all 2γ+1 rows and then picks (`_combined_stats`; the same rows and formula, S up to its
     last bit, since each tile's layout sets the addition tree: `_rows_stats`).
@@ -1837,7 +1838,7 @@ def _stats_launch(t: LogitsTensors, stats: tuple[torch.Tensor, ...], plan: Stats
     sequence and count themselves done for their sequence there (SEQUENCE_DONE)."""
     batch, gamma, vocab = t.shape
     if read_first and done is not None:
-        raise ValueError("read_first and done each order pass 1's programs: one at a time")
+        raise ValueError("read_first and done (scan 'early') each order pass 1's programs: one at a time")
     if read_first and not (skip_greedy_drafts and batch <= READ_FIRST_MAX_BATCH):
         raise ValueError(f"read_first orders the programs greedy drafts leave empty, up to B = {READ_FIRST_MAX_BATCH}")
     words = bf16_words and bf16_words_apply(t, plan.span)
@@ -1946,8 +1947,6 @@ def fused_logits_launcher(t: LogitsTensors, outputs: dict[str, torch.Tensor], fa
     if (scan == "pass1" and combine is False) or (scan in ("kernel", "early") and combine):
         raise ValueError(f"scan={scan!r} with combine={combine}: the pass-1 scan reads combined rows, and the "
                          "scan kernel and the early race combine them themselves")
-    if scan == "early" and read_first:
-        raise ValueError("scan='early' launches pass 1 sequence by sequence: read_first orders it otherwise")
     if stats_plan_ is not None and stats_max_splits != STATS_SPLITS_BELOW_WAVE:
         raise ValueError("stats_max_splits shapes the default pass-1 plan; with stats_plan_ given it would do nothing")
     batch, gamma, vocab = t.shape

@@ -153,9 +153,9 @@ def test_a_scan_refuses_the_wrong_combine(scan, combine):
 
 
 def test_the_early_race_refuses_another_pass_one_order():
-    inputs = types.SimpleNamespace(shape=(2, 3, 64), draft_tokens=torch.zeros(2, 3))
-    with pytest.raises(ValueError, match="read_first"):
-        kernels.fused_logits_launcher(inputs, {}, fast=False, scan="early", read_first=True)
+    t = _logits_tensors(torch.float32)  # (refused where pass 1 is built, before anything launches)
+    with pytest.raises(ValueError, match="read_first and done"):
+        kernels.fused_logits_launcher(t, _outputs(2, 3), fast=False, scan="early", read_first=True)
 
 
 def test_a_lower_split_cap_below_a_wave_takes_longer_spans(h200):
