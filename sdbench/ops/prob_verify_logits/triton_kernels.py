@@ -1708,7 +1708,7 @@ def _race_fills_the_machine(batch: int, race: RacePlan, device: torch.device) ->
 # L2) pairs gained (128:8:128256 bf16 cold 145.4 -> 139.9, 128:16:32000 fp32 cold 124.4 -> 121.6) and 128:4:32000
 # bf16 warm lost 0.1-0.4; b = 32 at V = 128256 and 151936 gained where γ >= 8 (32:16:151936 bf16 cold 85.5 -> 81.0)
 # and sat within -0.9 / +1.0 at γ = 4; b = 512 lost at all three states timed (512:8:32000 bf16 cold 139.1 -> 140.6,
-# warm 138.6 -> 141.4).
+# warm 138.6 -> 141.4). Session 41: b = 64 gained too (64:8:128256 bf16 cold 78.6 -> 74.3 against the scan kernel).
 EARLY_MAX_BATCH = 128
 
 
@@ -1717,8 +1717,10 @@ def default_scan(batch: int, race: RacePlan, device: torch.device, pdl: bool = F
     EARLY_MAX_BATCH): every race program scans, each starting once its own sequence's pass 1 is done, so the early
     sequences' races run beside pass 1's last programs, and no kernel sits between the passes; pass 1 pays a
     release arrival a program (~0.7-1.1 µs of pass 1 at b = 32, γ = 4, V = 128256) and the race a scan a program,
-    which cost more than they save at b = 512. (Timed at b = 32 and 128 on the H200; other B up to 128 take it by
-    this rule untimed, e.g. b = 64 at V >= 128256.) Otherwise "kernel", a launch of its own between the passes:
+    which cost more than they save at b = 512. (Timed on the H200 at b = 32 and 128, session 40, and where the rule
+    took it untimed, session 41: b = 64 at V = 128256 2.1-4.3 µs below the scan kernel, b = 16 at V = 151936 level;
+    early where the race does not fill the machine moved -0.9 to +1.0 µs with no sign, so "race" stays there.)
+    Otherwise "kernel", a launch of its own between the passes:
     pass 1 then makes no arrival atomics (at b=128, γ=16, V=32000, bf16 its old acq_rel arrivals took pass 1 from
     77 to 97 µs) and the race starts from k and row k's normalisers. "race" (every race program combines the rows'
     partials and scans, after all of pass 1) where the race does not fill the machine: the repeats run beside
