@@ -28,8 +28,25 @@ PROB_LOGIT_SCALE = 4.0  # top token ~0.23 at V=32000, entropy ~4.2 nats: a peake
 RANDOMNESS_MODES = ("supplied", "fast")
 
 
+class RandomizedInputs:
+    """What every probabilistic workload (ProbWorkload, the logits one, the ragged one) shares: its device, its
+    seed and its inputs in another randomness mode. Each has `config`, `draft_tokens`, `randomness` and `offset`."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.draft_tokens.device
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    def with_randomness(self, randomness: str, offset: int = 0):
+        """The same inputs in another randomness mode (tensors are shared, not copied)."""
+        return with_randomness(self, randomness, offset)
+
+
 @dataclass
-class ProbWorkload:
+class ProbWorkload(RandomizedInputs):
     """Inputs of one probabilistic verification step.
 
     Randomness has two modes. `supplied` (parity): every implementation consumes `uniforms` (the
@@ -50,22 +67,9 @@ class ProbWorkload:
     randomness: str = "supplied"
     offset: int = 0  # fast mode: the Philox offset (a per-step counter in a real engine)
 
-    @property
-    def device(self) -> torch.device:
-        return self.draft_tokens.device
-
-    @property
-    def seed(self) -> int:
-        return self.config.seed
-
-    def with_randomness(self, randomness: str, offset: int = 0) -> ProbWorkload:
-        """The same inputs in another randomness mode (tensors are shared, not copied)."""
-        return with_randomness(self, randomness, offset)
-
 
 def with_randomness(workload, randomness: str, offset: int = 0):
-    """workload (any dataclass with `randomness` and `offset`: ProbWorkload, the ragged one) in another
-    randomness mode, its tensors shared."""
+    """workload (a RandomizedInputs dataclass) in another randomness mode, its tensors shared."""
     if randomness not in RANDOMNESS_MODES:
         raise SdbenchError(f"randomness must be one of {', '.join(RANDOMNESS_MODES)}, got {randomness!r}")
     if offset < 0:

@@ -19,7 +19,7 @@ import torch
 
 from sdbench.errors import SdbenchError
 from sdbench.ops.prob_verify.reference import RULES
-from sdbench.ops.prob_verify.workload import PROB_LOGIT_SCALE, with_randomness
+from sdbench.ops.prob_verify.workload import PROB_LOGIT_SCALE, RandomizedInputs
 from sdbench.ops.workload import PROB_DTYPES, TOKEN_DTYPES
 
 MIXED_TEMPERATURES = (0.0, 0.7, 1.0, 1.3)  # greedy and sampled requests in one batch
@@ -64,7 +64,7 @@ class LogitsConfig:
 
 
 @dataclass
-class LogitsWorkload:
+class LogitsWorkload(RandomizedInputs):
     """Inputs of one verification step from logits. Randomness as in ProbWorkload: `supplied`
     (uniforms and exponential noise are read: parity) or `fast` (in-kernel Philox from seed, offset)."""
 
@@ -78,18 +78,6 @@ class LogitsWorkload:
     exponential_noise: torch.Tensor  # [B, V] float32 > 0
     randomness: str = "supplied"
     offset: int = 0
-
-    @property
-    def device(self) -> torch.device:
-        return self.draft_tokens.device
-
-    @property
-    def seed(self) -> int:
-        return self.config.seed
-
-    def with_randomness(self, randomness: str, offset: int = 0) -> LogitsWorkload:
-        """The same inputs in another randomness mode (tensors are shared, not copied)."""
-        return with_randomness(self, randomness, offset)
 
 
 def as_logits_config(cfg) -> LogitsConfig:

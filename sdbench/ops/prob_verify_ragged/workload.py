@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-from sdbench.ops.prob_verify.workload import ProbWorkload, make_prob_workload, with_randomness
+from sdbench.ops.prob_verify.workload import ProbWorkload, RandomizedInputs, make_prob_workload
 from sdbench.ops.verify_ragged.workload import draw_draft_lengths, flatten
 from sdbench.ops.workload import VerifyConfig
 
 
 @dataclass
-class RaggedProbWorkload:
+class RaggedProbWorkload(RandomizedInputs):
     """Inputs of one ragged probabilistic verification step; randomness modes as ProbWorkload's."""
 
     config: VerifyConfig  # gamma is γ_max (an upper bound on every γ_i)
@@ -32,17 +32,6 @@ class RaggedProbWorkload:
     exponential_noise: torch.Tensor  # [B, V] float32 > 0: request i's residual / bonus race
     randomness: str = "supplied"
     offset: int = 0  # fast mode: the Philox offset
-
-    @property
-    def device(self) -> torch.device:
-        return self.draft_tokens.device
-
-    @property
-    def seed(self) -> int:
-        return self.config.seed
-
-    def with_randomness(self, randomness: str, offset: int = 0) -> RaggedProbWorkload:
-        return with_randomness(self, randomness, offset)
 
 
 def make_ragged_prob_workload(cfg: VerifyConfig, device: str | torch.device = "cpu",
