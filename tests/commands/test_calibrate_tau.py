@@ -90,6 +90,23 @@ def test_calibrate_writes_the_profile(tmp_path):
     assert written.configs == len(result.fit.points)
 
 
+@pytest.mark.parametrize("cold_rows", ["all", "all but one"])
+def test_the_profiles_launch_floor_is_the_warm_rows_whatever_the_cold_rows_count(tmp_path, cold_rows):
+    """Warm and cold sweeps pooled: the profile's launch floor is the warm rows' (a cold row's floor carries the
+    L2 flush's aftermath), not a median over both states that flips to their mean when the rows are even."""
+    warm = synthetic_results.make_rows(PLANTED)
+    cold = [{**row, "cold_l2": True, "run_id": "synthetic-cold",
+             "launch_floor_us": None if row["launch_floor_us"] is None else row["launch_floor_us"] * 3}
+            for row in warm]
+    if cold_rows == "all but one":
+        cold.remove(next(row for row in cold if row["impl"] == SMALL and row["view"] == "wall"))
+    path = synthetic_results.write(tmp_path / "part-0.parquet", warm + cold)
+    profile = tau.calibrate([path], small=SMALL, large=LARGE, write=False).profile
+    assert profile.launch_floor_us == pytest.approx(19.0)
+    only_cold = synthetic_results.write(tmp_path / "cold" / "part-0.parquet", cold)
+    assert tau.calibrate([only_cold], small=SMALL, large=LARGE, write=False).profile.launch_floor_us == pytest.approx(57.0)
+
+
 def test_offline_recalibration_keeps_the_measured_copy_bandwidth(tmp_path, monkeypatch):
     """No GPU of the results' kind: the replaced profile's measured ceiling stays (the report's floors read it),
     noted once with its date, also below what the results achieved (L2-resident rows beat a DRAM copy). Not
@@ -144,6 +161,11 @@ def test_a_given_copy_ceiling_is_the_profiles_and_a_later_offline_run_keeps_it(t
         written.copy_bandwidth_source)
     later = thresholds.read_profile(tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=profiles).path)
     assert later.copy_bandwidth_gbps == pytest.approx(achieved * 0.8) and tau.KEPT in later.copy_bandwidth_source
+    # a committed profile's given source, reworded by hand to say which copy it was, is still a given one
+    reworded = "given with --copy-gbps: the 256 MiB device-to-device copy measured on an H200 on 2026-11-25"
+    thresholds.write_profile(Profile(**{**written.__dict__, "copy_bandwidth_source": reworded}), profiles)
+    kept = thresholds.read_profile(tau.calibrate(results, small=SMALL, large=LARGE, profiles_dir=profiles).path)
+    assert kept.copy_bandwidth_gbps == pytest.approx(achieved * 0.8) and kept.copy_bandwidth_source.startswith(reworded)
     for bad in (0.0, -5.0, math.inf, math.nan):
         with pytest.raises(SdbenchError, match="--copy-gbps"):
             tau.calibrate(results, small=SMALL, large=LARGE, write=False, copy_gbps=bad)
