@@ -76,7 +76,32 @@ def test_fixture_degrades_gracefully_and_says_what_is_missing():
     assert any("no naive / ballot" in note for note in _table(built, "α-sensitivity").notes)
     assert any("needs verify_pack rows of a fused kernel" in note for note in _table(built, "Fused").notes)
     assert any("needs wall and gpu views" in note for note in _table(built, "What limited").notes)
-    assert any("torch_compile: unavailable" in note for note in built.notes)
+    assert "verify/ballot, naive, torch_compile, torch_compile_ro: unavailable at 12 configs (needs a CUDA device)" in (
+        built.notes)
+
+
+def test_failures_are_one_line_each_naming_their_implementations_configs_and_a_short_reason(tmp_path):
+    """Implementations that failed at the same configs for the same reason are one line that names them all,
+    the configs (when few) and the reason's first sentences; any other set of configs or reason is its own line."""
+    long_reason = ("building the workload raised OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. "
+                   + "GPU 0 has a total capacity of 139.80 GiB of which 11.11 GiB is free. " * 8)
+    rows = synthetic_results.make_rows()
+    for row in rows:
+        pack = row["op"] == "verify_pack" and row["impl"] in ("fused_single_block", "ballot+pack_torch")
+        if pack and row["batch_size"] == 32 and row["gamma"] == 128 and row["kv_dim"] == 2048 and row["alpha"] < 0.5:
+            row.update(status="error", reason=long_reason, median_us=None, samples_us=None)
+        if row["op"] == "verify" and row["impl"] == "naive" and row["gamma"] == 8:
+            row.update(status="unavailable", reason="needs a GPU", median_us=None, samples_us=None)
+    built = report.build_report([synthetic_results.write(tmp_path / "part-0.parquet", rows)])
+    failed = [note for note in built.notes if " at " in note and "config" in note]
+    assert len(failed) == 2, built.notes
+    oom = next(note for note in failed if note.startswith("verify_pack/"))
+    assert oom == ("verify_pack/ballot+pack_torch, fused_single_block: error at 1 config: b=32 γ=128 α=0.3 kv=2048 "
+                   "warm L2 (building the workload raised OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                   "64.00 GiB. …)")
+    naive = next(note for note in failed if note.startswith("verify/"))
+    # six configs (two batches, three α, one γ): more than FAILED_CONFIGS_NAMED, so counted, not named
+    assert naive == "verify/naive: unavailable at 6 configs (needs a GPU)"
 
 
 def test_out_writes_markdown_plots_and_self_contained_html(tmp_path):

@@ -213,7 +213,7 @@ class Cell:
 
 
 def aggregate(frame) -> tuple[list[Cell], list[str]]:
-    """Cells of ok rows, and one note per (op, impl, status, reason) of rows that were not timed."""
+    """Cells of ok rows, and the notes of rows that were not timed (`failure_notes`)."""
     pl = require_polars()
     ok = frame.filter((pl.col("status") == "ok") & (pl.col("impl") != "launch_floor") & pl.col("median_us").is_not_null())
     keys = [*CONFIG_KEYS, "impl", "view"]
@@ -229,13 +229,55 @@ def aggregate(frame) -> tuple[list[Cell], list[str]]:
             cell = cells[(config, row["impl"])] = Cell(config, row["impl"], row["backend"] or "", bool(row["is_peer"]),
                                                          float(row["accepted_kv_bytes"] or 0))
         cell.views[row["view"]] = ViewStat(row["median_us"], row["launch_floor_us"], row["achieved_gbps"])
-    # The launch floor is unavailable wherever nothing launches (CPU): the latency table says so once.
-    skipped = frame.filter((pl.col("status") != "ok") & (pl.col("impl") != "launch_floor")).group_by(
-        "op", "impl", "status", "reason").agg(pl.struct(*CONFIG_KEYS).n_unique().alias("configs")).sort(
-        "op", "impl").collect()
-    notes = [f"{row['op']}/{row['impl']}: {row['status']} at {row['configs']} configs "
-             f"({row['reason'] or 'no reason given'})" for row in skipped.iter_rows(named=True)]
-    return sorted(cells.values(), key=_cell_order), notes
+    return sorted(cells.values(), key=_cell_order), failure_notes(frame)
+
+
+FAILED_CONFIGS_NAMED = 4  # a failure at this many configs or fewer names them
+REASON_CHARS = 160  # a longer reason is cut at a sentence's end (a CUDA out-of-memory message runs to ~600)
+
+
+def failure_notes(frame) -> list[str]:
+    """One line for each (op, status, reason) and the configs it struck, naming every implementation it struck
+    there (not one line each: four implementations that could not build one workload are one failure), the
+    configs themselves when there are few, and the reason cut to its first sentences (the whole of it is in the
+    results' `reason` column). The launch floor is left out: it is unavailable wherever nothing launches (CPU),
+    and the latency table says so once."""
+    pl = require_polars()
+    failed = frame.filter((pl.col("status") != "ok") & (pl.col("impl") != "launch_floor")).select(
+        "impl", "status", "reason", *CONFIG_KEYS).unique().collect()  # (op is a config key)
+    struck: dict[tuple, dict[str, set]] = defaultdict(lambda: defaultdict(set))
+    for row in failed.iter_rows(named=True):
+        struck[(row["op"], row["status"], row["reason"] or "no reason given")][row["impl"]].add(
+            tuple(row[key] for key in CONFIG_KEYS))
+    notes = []
+    for (op, status, reason), by_impl in sorted(struck.items()):
+        by_configs: dict[frozenset, list[str]] = defaultdict(list)
+        for impl, configs in sorted(by_impl.items()):
+            by_configs[frozenset(configs)].append(impl)
+        for configs, impls in by_configs.items():
+            named = ""
+            if len(configs) <= FAILED_CONFIGS_NAMED:
+                named = ": " + "; ".join(sorted(_failed_config_label(dict(zip(CONFIG_KEYS, config)))
+                                                for config in configs))
+            notes.append(f"{op}/{', '.join(impls)}: {status} at {len(configs)} config{'s' * (len(configs) > 1)}"
+                         f"{named} ({_short_reason(reason)})")
+    return notes
+
+
+def _failed_config_label(config: dict) -> str:
+    parts = [f"b={config['batch_size']}", f"γ={config['gamma']}", f"α={config['alpha']:g}"]
+    if config.get("kv_dim"):
+        parts.append(f"kv={config['kv_dim']}")
+    if config.get("cold_l2") is not None:
+        parts.append("cold L2" if config["cold_l2"] else "warm L2")
+    return " ".join(parts)
+
+
+def _short_reason(reason: str) -> str:
+    if len(reason) <= REASON_CHARS:
+        return reason
+    end = reason.rfind(". ", 0, REASON_CHARS)
+    return (reason[:end + 1] if end > 0 else reason[:REASON_CHARS]) + " …"
 
 
 def _cell_order(cell: Cell):
