@@ -392,8 +392,7 @@ def _row_stats_kernel(
     if READ_FIRST:
         row, split = _read_first(row, split, target_temp_ptr, GAMMA, BATCH_PAD)
     if SEQUENCE_DONE:
-        index = split * tl.num_programs(0) + row
-        row, split = index // tl.num_programs(1), index % tl.num_programs(1)
+        row, split = _sequence_by_sequence(row, split)
     _row_stats_program(
         row, split, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr, stats_max_ptr,
         stats_sum_ptr, stats_arg_ptr, row_max_ptr, row_sum_ptr, row_arg_ptr, arrivals_ptr, draft_tokens_ptr,
@@ -402,6 +401,16 @@ def _row_stats_kernel(
         SPLITS_PAD, SCAN, GAMMA_PAD, R_PAD, PRECISE_MATH, FAST, VEC, FTZ_EXP2, TIMELINE, SKIP_GREEDY_DRAFTS, WORDS)
     if SEQUENCE_DONE:
         _count_done(done_ptr, row // (2 * GAMMA + 1))
+
+
+@triton.jit
+def _sequence_by_sequence(x, y):
+    """Program (x, y) of a grid (X, Y) renumbered so that launch order, x fastest (launch index i = y·X + x), runs
+    y fastest: it takes (i // Y, i % Y). Scan "early" launches pass 1's (row, split) and the race's (sequence,
+    chunk) grids through it: blocks are dispatched in launch order, so the sequences' programs start, and finish,
+    one sequence after another rather than all in the last wave."""
+    index = y * tl.num_programs(0) + x
+    return index // tl.num_programs(1), index % tl.num_programs(1)
 
 
 @triton.jit
@@ -1365,8 +1374,7 @@ def _logits_race_kernel(
     sequence i // chunks), each waiting for its own sequence's pass 1 only."""
     b, chunk = tl.program_id(0), tl.program_id(1)
     if SEQUENCE_WAIT:
-        index = chunk * tl.num_programs(0) + b
-        b, chunk = index // tl.num_programs(1), index % tl.num_programs(1)
+        b, chunk = _sequence_by_sequence(b, chunk)
     _race_program(
         b, chunk, draft_tokens_ptr, target_ptr, draft_ptr, target_temp_ptr, draft_temp_ptr,
         uniforms_ptr, noise_ptr, stats_max_ptr, stats_sum_ptr, stats_arg_ptr, mass_ptr, stop_ptr, stop_stats_ptr,

@@ -44,7 +44,7 @@ FAST_CASES = ("fused_logits_fast_advances_its_offset", "vllm_v2_style_fast_advan
               "fused_logits_fast_equals_vllm_v2_style_fast",
               "fused_logits_leaves_scratch_clean", "stats_plan_covers_the_row", "fused_logits_any_split_agrees",
               "row_stats_match_float64", "fused_logits_one_launch_agrees", "greedy_requests_need_no_draft_rows",
-              "reading_programs_launch_first")
+              "reading_programs_launch_first", "early_launches_sequence_by_sequence")
 # rule="block" in fused_logits; "greedy_drafts" zeroes the draft temperature of every other request and
 # "bad_tokens" writes draft ids outside [0, V) (both edits in _block_workload).
 BLOCK_PARITY_CONFIGS = {
@@ -369,7 +369,7 @@ def _run_cases() -> dict[str, str | None]:
 
     for case, run in zip(FAST_CASES, (deterministic, vllm_advances, equals_vllm, scratch_clean, plan_covers, any_split,
                                       lambda: _row_stats_failures(kernels), one_launch, greedy_drafts_unread,
-                                      lambda: _read_first_failures(kernels)),
+                                      lambda: _read_first_failures(kernels), _sequence_order_failures),
                          strict=True):
         record(case, run)
     _run_block_cases(record, snapshot)
@@ -393,7 +393,14 @@ if importlib.util.find_spec("triton") is not None:  # (the interpreter resolves 
     import triton
     import triton.language as tl
 
-    from sdbench.ops.prob_verify_logits.triton_kernels import _read_first
+    from sdbench.ops.prob_verify_logits.triton_kernels import _read_first, _sequence_by_sequence
+
+    @triton.jit
+    def _sequence_probe(out_ptr):
+        x, y = _sequence_by_sequence(tl.program_id(0), tl.program_id(1))
+        index = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the launch order: x fastest
+        tl.store(out_ptr + 2 * index, x)
+        tl.store(out_ptr + 2 * index + 1, y)
 
     @triton.jit
     def _read_first_probe(target_temp_ptr, out_ptr, GAMMA: tl.constexpr, BATCH_PAD: tl.constexpr):
@@ -401,6 +408,23 @@ if importlib.util.find_spec("triton") is not None:  # (the interpreter resolves 
         index = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the launch order: x fastest
         tl.store(out_ptr + 2 * index, row)
         tl.store(out_ptr + 2 * index + 1, split)
+
+
+def _sequence_order_failures() -> str | None:
+    """Scan "early"'s launch order (`_sequence_by_sequence`, pass 1's (row, split) and the race's (sequence, chunk)
+    grids) against a plain loop: launch index by launch index, every y of x = 0, then of x = 1, ..., on grids of one
+    row, one column, square and not, so each sequence's programs are adjacent in launch order."""
+    import torch
+
+    failures = []
+    for grid in ((1, 1), (1, 5), (6, 1), (3, 3), (4, 7), (9, 2)):
+        out = torch.full((grid[0] * grid[1] * 2,), -1, dtype=torch.int32)
+        _sequence_probe[grid](out)
+        got = [tuple(pair) for pair in out.view(-1, 2).tolist()]
+        want = [(x, y) for x in range(grid[0]) for y in range(grid[1])]
+        if got != want:
+            failures.append(f"grid {grid}: {got} != {want}")
+    return "; ".join(failures) or None
 
 
 def _read_first_failures(kernels) -> str | None:
