@@ -18,12 +18,19 @@ nothing. Each point also times --peers (default: fused,
 ballot+pack_cuda, ballot+pack_scan) and the launch floor (an empty kernel) in the same rotation, so every line
 reads against the others of its run. Times: the median over --iters calls, per L2 state and view (--views: `gpu`,
 CUPTI GPU time, the default; `graph`, a CUDA-graph replay's; `wall`), each row's `<view>_us`.
+
+--placements N builds each point's workload N times in one process (the same data, each copy in fresh memory, all
+alive) and times every name on every copy in the same rotation: where the buffers land moves the scan kernel's copy by
+up to 1.3 µs at 8 KB rows on an H200 (docs/results/nvidia-h200/scale-kv/experiments/placement/), which one copy
+cannot tell from a variant's effect. A row's `<view>_us` is then the median over the copies of each copy's median,
+and `<view>_spread_us` the copies' [min, max].
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 
@@ -67,6 +74,25 @@ def tiling(variant: str) -> dict[str, int]:
     return changes
 
 
+PLACEMENT = "#"  # a timed name's copy of the workload: "fused#2" (names carry no copy with --placements 1)
+
+
+def placement_tag(copy: int, placements: int) -> str:
+    return f"{PLACEMENT}{copy}" if placements > 1 else ""
+
+
+def over_placements(medians: dict[str, float]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Per-copy medians ({"fused#0": …, "fused#1": …, "launch floor": …}) as (median over the copies, (min, max)
+    over them) per name, in first-seen order; a name with no copy tag (the launch floor, or every name with one
+    placement) is its own median and spread."""
+    by_name: dict[str, list[float]] = {}
+    for key, value in medians.items():
+        name, _, copy = key.rpartition(PLACEMENT)
+        by_name.setdefault(name if name and copy.isdigit() else key, []).append(value)
+    return ({name: statistics.median(values) for name, values in by_name.items()},
+            {name: (min(values), max(values)) for name, values in by_name.items()})
+
+
 def parse_points(text: str) -> list[VerifyConfig]:
     points = []
     for item in text.split(","):
@@ -83,46 +109,59 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--l2", default="cold,warm")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--views", default="gpu", help="timing views, of wall,graph,gpu (default: gpu)")
+    parser.add_argument("--placements", type=int, default=1,
+                        help="copies of each point's workload in fresh memory, every name timed on each (default 1)")
     parser.add_argument("--out", default=None, help="JSON file of the rows")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
     views = tuple(args.views.split(","))
     if not set(views) <= set(timing.CUDA_VIEWS):
         parser.error(f"--views takes some of {','.join(timing.CUDA_VIEWS)}, got {args.views!r}")
+    if args.placements < 1:
+        parser.error(f"--placements takes a count of at least 1, got {args.placements}")
     changes = {variant: tiling(variant) for variant in variants}  # bad variants fail before any GPU work
     peers = [registry.get("verify_pack", name) for name in args.peers.split(",") if name]
     floor = launch_floor("cuda")  # an empty kernel, timed in every rotation: the floor of the same run
     rows = []
     for cfg in parse_points(args.points):
-        workload = make_workload("verify_pack", cfg, "cuda")
-        runs = {peer.name: peer.prepare(workload) for peer in peers}
-        if floor.run is not None:
-            runs["launch floor"] = floor.run
-        expected = verify_pack(workload.draft_tokens, workload.target_tokens, workload.draft_kv)  # the reference
+        # every copy stays alive until the point is done, so each lands in memory of its own
+        workloads = [make_workload("verify_pack", cfg, "cuda") for _ in range(args.placements)]
+        expected = verify_pack(workloads[0].draft_tokens, workloads[0].target_tokens, workloads[0].draft_kv)
         total = int(expected["accepted_lengths"].sum())
-        for variant in variants:
-            run = prepare_fused_scan(workload, **changes[variant])
-            out = run()
-            for name in ("accepted_lengths", "has_mismatch", "next_tokens", "packed_offsets"):
-                assert torch.equal(out[name], expected[name]), f"{variant}: {name} differs from the reference"
-            assert torch.equal(out["packed_kv"][:total], expected["packed_kv"][:total]), f"{variant}: packed_kv"
-            runs[f"fused_scan[{variant}]"] = run
-        accepted_bytes = total * cfg.kv_dim * workload.draft_kv.element_size()
+        runs = {}
+        for copy, workload in enumerate(workloads):
+            tag = placement_tag(copy, args.placements)
+            runs.update({f"{peer.name}{tag}": peer.prepare(workload) for peer in peers})
+            if copy == 0 and floor.run is not None:  # (the rotation's order with one copy is the tool's as before)
+                runs["launch floor"] = floor.run
+            for variant in variants:
+                run = prepare_fused_scan(workload, **changes[variant])
+                out = run()  # checked on every copy: the copies hold the same data, in other memory
+                for name in ("accepted_lengths", "has_mismatch", "next_tokens", "packed_offsets"):
+                    assert torch.equal(out[name], expected[name]), f"{variant}: {name} differs from the reference"
+                assert torch.equal(out["packed_kv"][:total], expected["packed_kv"][:total]), f"{variant}: packed_kv"
+                runs[f"fused_scan[{variant}]{tag}"] = run
+        accepted_bytes = total * cfg.kv_dim * workloads[0].draft_kv.element_size()
         for l2 in args.l2.split(","):
             options = timing.TimingOptions(warmup=5, iters=args.iters, gpu_iters=args.iters, cold_l2=l2 == "cold",
                                            views=views)
             result = timing.measure(runs, "cuda", options)
             row = {"batch": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha, "kv_dim": cfg.kv_dim, "l2": l2,
-                   "accepted_kv_bytes": accepted_bytes}
+                   "accepted_kv_bytes": accepted_bytes, "placements": args.placements}
             for view in views:
                 medians = {name: by_view[view].stats.median_us for name, by_view in result.items()
                            if by_view[view].stats is not None}
-                row[f"{view}_us"] = medians
-                cells = "  ".join(f"{name} {value:.2f}" for name, value in medians.items())
+                row[f"{view}_us"], spreads = over_placements(medians)
+                if args.placements > 1:
+                    row[f"{view}_spread_us"] = spreads
+                    row[f"{view}_by_copy_us"] = medians
+                cells = "  ".join(f"{name} {value:.2f}" + (f" [{spreads[name][0]:.2f}-{spreads[name][1]:.2f}]"
+                                                             if args.placements > 1 and name in spreads else "")
+                                  for name, value in row[f"{view}_us"].items())
                 print(f"b={cfg.batch_size} γ={cfg.gamma} α={cfg.alpha:g} kv={cfg.kv_dim} {l2} {view} "
                       f"{accepted_bytes / 1e6:.2f} MB: {cells}", flush=True)
             rows.append(row)
-        del workload, runs
+        del workloads, runs
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as handle:

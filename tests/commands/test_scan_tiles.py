@@ -31,3 +31,25 @@ def test_unknown_views_are_refused_before_any_gpu_work(views, capsys):
     with pytest.raises(SystemExit):
         scan_tiles.main(["--points", "1:4:0.5:64", "--views", views])
     assert "--views takes some of wall,graph,gpu" in capsys.readouterr().err
+
+
+def test_copies_fold_into_their_names_median_and_spread():
+    """--placements: each name's per-copy medians become their median and [min, max]; an untagged name (the launch
+    floor, or every name with one placement) is its own; a '#' that is not a copy tag stays in the name."""
+    medians = {"fused#0": 15.6, "fused#1": 14.6, "fused#2": 16.1, "fused_scan[t64]#0": 15.0, "fused_scan[t64]#1": 15.5,
+               "fused_scan[t64]#2": 15.2, "launch floor": 0.6, "odd#name": 1.0}
+    folded, spread = scan_tiles.over_placements(medians)
+    assert folded == {"fused": 15.6, "fused_scan[t64]": 15.2, "launch floor": 0.6, "odd#name": 1.0}
+    assert spread["fused"] == (14.6, 16.1) and spread["fused_scan[t64]"] == (15.0, 15.5)
+    assert spread["launch floor"] == (0.6, 0.6)
+    one = {"fused": 2.0, "ballot+pack_cuda": 3.0, "launch floor": 0.5}
+    assert scan_tiles.over_placements(one)[0] == one  # one placement: the rows read as before
+    assert [scan_tiles.placement_tag(copy, 3) for copy in range(3)] == ["#0", "#1", "#2"]
+    assert scan_tiles.placement_tag(0, 1) == ""
+
+
+@pytest.mark.parametrize("placements", ["0", "-2"])
+def test_placements_must_be_at_least_one(placements, capsys):
+    with pytest.raises(SystemExit):
+        scan_tiles.main(["--points", "1:4:0.5:64", "--placements", placements])
+    assert "--placements takes a count of at least 1" in capsys.readouterr().err

@@ -394,6 +394,25 @@ for op, name, cfg in cases:
 sys.exit(1 if failed else 0)
 """
 
+def test_scan_tiles_times_every_name_on_every_copy_of_a_point(tmp_path):
+    """`scan_tiles --placements 2`: every name timed on both copies of the workload (each variant checked against the
+    reference on each copy inside the tool), folded into a median over the copies and their [min, max]."""
+    import json
+
+    from sdbench.commands import scan_tiles
+
+    out = tmp_path / "tiles.json"
+    assert scan_tiles.main(["--points", "64:4:0.6:128", "--variants", "default,t64", "--placements", "2",
+                            "--iters", "3", "--l2", "warm", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    names = {"fused", "ballot+pack_cuda", "ballot+pack_scan", "fused_scan[default]", "fused_scan[t64]"}
+    assert row["placements"] == 2 and set(row["gpu_us"]) == names | {"launch floor"}
+    assert set(row["gpu_by_copy_us"]) == {f"{name}#{copy}" for name in names for copy in (0, 1)} | {"launch floor"}
+    for name, (low, high) in row["gpu_spread_us"].items():
+        copies = [value for key, value in row["gpu_by_copy_us"].items() if key.rpartition("#")[0] == name]
+        assert low <= row["gpu_us"][name] <= high and (name == "launch floor" or [low, high] == sorted(copies))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tool, extra", [("memcheck", []), ("racecheck", ["--kernel-name", "kns=scan_pack_kernel"])],
                          ids=["memcheck", "racecheck"])

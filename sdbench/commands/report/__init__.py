@@ -257,7 +257,7 @@ def failure_notes(frame) -> list[str]:
         for configs, impls in by_configs.items():
             named = ""
             if len(configs) <= FAILED_CONFIGS_NAMED:
-                named = ": " + "; ".join(sorted(_failed_config_label(dict(zip(CONFIG_KEYS, config)))
+                named = ": " + "; ".join(sorted(_failed_config_label(dict(zip(CONFIG_KEYS, config, strict=True)))
                                                 for config in configs))
             notes.append(f"{op}/{', '.join(impls)}: {status} at {len(configs)} config{'s' * (len(configs) > 1)}"
                          f"{named} ({_short_reason(reason)})")
