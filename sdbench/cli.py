@@ -352,6 +352,7 @@ def sweep_command(
     min_time: Annotated[float | None, typer.Option(help="wall/graph: sample at least this many seconds per view and config, noisy or not (default 0; at most --max-time).")] = None,
     views: Annotated[str | None, typer.Option(help="Views to measure, e.g. gpu,graph (default: every view of the device: wall, graph, gpu on CUDA).")] = None,
     host_tolerance: Annotated[float | None, typer.Option(help="wall: a config whose launch floor is more than this above the sweep's lowest of its path ran in a slow host state; its wall view is measured again at the end, and flagged noisy if still slow (default 0.15).")] = None,
+    placements: Annotated[int | None, typer.Option(help="Copies of each config's workload, each in fresh memory, every implementation timed on each (rows say which: `placement`); the report pools them. Where buffers land can move a copy kernel by ~10% (default 1).")] = None,
     fmt: FormatOption = "table",
 ) -> None:
     """Time every implementation over a grid (parity first) and write parquet rows per config and view.
@@ -380,7 +381,7 @@ def sweep_command(
         shard_count=shard_count, resume=resume or None, seed=seed, run_id=run_id,
         token_dtypes=parse_name_list(token_dtype) or None, kv_dtypes=parse_name_list(kv_dtype) or None,
         prob_dtypes=parse_name_list(prob_dtype) or None, max_noise=max_noise, max_time=max_time,
-        min_time=min_time, host_tolerance=host_tolerance, views=parse_name_list(views) or None,
+        min_time=min_time, host_tolerance=host_tolerance, views=parse_name_list(views) or None, placements=placements,
     )
     sweep.validate(spec)  # bad input fails here, before the progress bar draws
     sweep.check_op_available(spec.op)

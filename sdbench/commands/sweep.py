@@ -104,6 +104,9 @@ class SweepSpec:
     views: tuple[str, ...] = ()  # () = every view of the device; e.g. ("gpu", "graph") skips the host's wall view
     # wall: a config whose floor is this far above the sweep's lowest of its path is measured again at the end
     host_tolerance: float = HOST_STATE_TOLERANCE
+    # copies of each config's workload in fresh memory, every implementation timed on each: where the buffers land
+    # moves a copy kernel by up to ~10% on an H200 (docs/results/nvidia-h200/scale-kv/experiments/placement/)
+    placements: int = 1
     cold_l2: bool = False
     shard_index: int = 0
     shard_count: int = 1
@@ -194,6 +197,8 @@ def validate(spec: SweepSpec) -> None:
                                f"choose from {', '.join(native)}")
     if not spec.host_tolerance > 0:
         raise SdbenchError(f"--host-tolerance must be > 0, e.g. 0.15 for 15%, got {spec.host_tolerance:g}")
+    if spec.placements < 1:
+        raise SdbenchError(f"--placements must be >= 1 (copies of each config's workload), got {spec.placements}")
     if spec.gpu_iters < 1:
         raise SdbenchError(f"gpu_iters must be >= 1, got {spec.gpu_iters}")
     if not 0 <= spec.shard_index < spec.shard_count:
@@ -231,10 +236,10 @@ def shard(configs: list[VerifyConfig], index: int, count: int) -> list[VerifyCon
 
 
 def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.TimingOptions,
-                   host_tolerance: float = HOST_STATE_TOLERANCE) -> dict[str, Any]:
+                   host_tolerance: float = HOST_STATE_TOLERANCE, placements: int = 1) -> dict[str, Any]:
     """The results columns of results.CONFIG_COLUMNS for cfg measured with options (and the sweep's host-state
-    tolerance), plus the device (recorded by type: cuda, cpu). The machine's gpu_name is added by the
-    environment record."""
+    tolerance and placements), plus the device (recorded by type: cuda, cpu). The machine's gpu_name is added by
+    the environment record."""
     return {
         "op": op, "device": torch.device(device).type, "batch_size": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha,
         "kv_dim": cfg.kv_dim, "vocab_size": cfg.vocab_size, "dist": cfg.dist,
@@ -249,7 +254,8 @@ def config_columns(op: str, device: str, cfg: VerifyConfig, options: timing.Timi
                      + (f" min_time={options.min_time_s:g}" if options.min_time_s else "")
                      # only when a subset: a config measured in fewer views is not the full one
                      + (f" views={','.join(options.views)}" if options.views else "")
-                     + (f" host_tolerance={host_tolerance:g}" if host_tolerance != HOST_STATE_TOLERANCE else "")),
+                     + (f" host_tolerance={host_tolerance:g}" if host_tolerance != HOST_STATE_TOLERANCE else "")
+                     + (f" placements={placements}" if placements > 1 else "")),
     }
 
 
@@ -360,7 +366,7 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
     done = results.done_configs(spec.out_dir) if spec.resume else set()
     machine = {"gpu_name": envinfo.collect(device).get("gpu_name")}
     todo = [cfg for cfg in mine if results.config_key(
-        {**config_columns(spec.op, device, cfg, options, spec.host_tolerance), **machine}) not in done]
+        {**config_columns(spec.op, device, cfg, options, spec.host_tolerance, spec.placements), **machine}) not in done]
     summary = SweepSummary(
         run_id=spec.run_id or results.new_run_id(), out_dir=Path(spec.out_dir), device=device,
         views=timing.views_for(device, options), grid_size=len(configs), shard_size=len(mine), skipped=len(mine) - len(todo),
@@ -380,13 +386,14 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
             measured: list[MeasuredConfig] = []
             for cfg in todo:
                 notify(SweepProgress(summary.measured, len(todo), label(spec.op, cfg)))
-                key_values = {**config_columns(spec.op, device, cfg, options, spec.host_tolerance), **machine}
+                key_values = {**config_columns(spec.op, device, cfg, options, spec.host_tolerance, spec.placements),
+                              **machine}
                 with results.config_claim(spec.out_dir, key_values, spec.resume) as claimed:
                     if not claimed:  # another sweep into this folder is measuring it, or has
                         summary.skipped += 1
                         continue
                     rows = measure_config(spec.op, cfg, impls, device, options, floor, summary.run_id,
-                                          spec.host_tolerance)
+                                          spec.host_tolerance, spec.placements)
                     part = results.write_part(spec.out_dir, results.part_name(summary.run_id, rows[0]), rows)
                     summary.parts.append(part)
                 measured.append(MeasuredConfig(cfg, rows, part))
@@ -397,7 +404,8 @@ def run_sweep(spec: SweepSpec, progress: Callable[[SweepProgress], None] | None 
                 def announce(cfg: VerifyConfig) -> None:
                     notify(SweepProgress(summary.measured, len(todo), f"{label(spec.op, cfg)}: wall again (slow host)"))
 
-                remeasure = _wall_remeasure(spec.op, impls, device, options, floor, summary.run_id, spec.host_tolerance)
+                remeasure = _wall_remeasure(spec.op, impls, device, options, floor, summary.run_id, spec.host_tolerance,
+                                            spec.placements)
                 settle_host_state(measured, spec.host_tolerance, remeasure, summary, announce)
     except KeyboardInterrupt:
         summary.interrupted = True
@@ -441,9 +449,9 @@ def settle_host_state(measured: list[MeasuredConfig], tolerance: float,
             retried.add(index)
             config = measured[index]
             announce(config.cfg)
-            again = {(row["impl"], row["view"]): row for row in remeasure_wall(config.cfg)}
+            again = {_row_key(row): row for row in remeasure_wall(config.cfg)}
             if _faster_state(config.rows, again, lowest):
-                config.rows = [again.get((row["impl"], row["view"]), row) for row in config.rows]
+                config.rows = [again.get(_row_key(row), row) for row in config.rows]
                 summary.host_kept += 1
     summary.host_remeasured = len(retried)
     for config in measured:
@@ -452,17 +460,22 @@ def settle_host_state(measured: list[MeasuredConfig], tolerance: float,
     summary.recount([config.rows for config in measured])
 
 
+def _row_key(row: dict[str, Any]) -> tuple:
+    """A row within its config: implementation, view and the workload's copy (--placements)."""
+    return row["impl"], row["view"], row.get("placement")
+
+
 def _slowed_beyond(slowed: float | None, tolerance: float) -> bool:
     return slowed is not None and host_state_differs(slowed, 1.0, tolerance)
 
 
-def _faster_state(rows: list[dict[str, Any]], again: dict[tuple[str, str], dict[str, Any]],
+def _faster_state(rows: list[dict[str, Any]], again: dict[tuple, dict[str, Any]],
                   lowest: dict[str, float]) -> bool:
     """Whether the second wall measurement ran in a faster host state than the first (its floors lower) and
     timed every row the first did (a row that raised the second time keeps its first measurement)."""
     before, after = config_host_slowed(rows, lowest), config_host_slowed(again.values(), lowest)
     lost = any(row["view"] == "wall" and row["status"] == "ok"
-               and again.get((row["impl"], row["view"]), {}).get("status") != "ok" for row in rows)
+               and again.get(_row_key(row), {}).get("status") != "ok" for row in rows)
     return before is not None and after is not None and after < before and not lost
 
 
@@ -481,15 +494,15 @@ def _flag_host_state(rows: list[dict[str, Any]], lowest: dict[str, float], toler
 
 
 def _wall_remeasure(op, impls, device, options: timing.TimingOptions, floor: LaunchFloor, run_id: str,
-                    host_tolerance: float) -> Callable[[VerifyConfig], list[dict[str, Any]]]:
+                    host_tolerance: float, placements: int = 1) -> Callable[[VerifyConfig], list[dict[str, Any]]]:
     """The second measurement of a config's wall view: measure_config itself, with the wall view alone. Its
     rows keep the sweep's config columns: they replace rows of the same config, and a `views=wall` in their
     settings would have made them a second config in the results (the quick preset read back 10 configs, not 8)."""
     wall_only = dataclasses.replace(options, views=("wall",))
 
     def remeasure(cfg: VerifyConfig) -> list[dict[str, Any]]:
-        rows = measure_config(op, cfg, impls, device, wall_only, floor, run_id, host_tolerance)
-        columns = config_columns(op, device, cfg, options, host_tolerance)
+        rows = measure_config(op, cfg, impls, device, wall_only, floor, run_id, host_tolerance, placements)
+        columns = config_columns(op, device, cfg, options, host_tolerance, placements)
         return [{**row, **columns} for row in rows]
 
     return remeasure
@@ -497,22 +510,38 @@ def _wall_remeasure(op, impls, device, options: timing.TimingOptions, floor: Lau
 
 def measure_config(
     op: str, cfg: VerifyConfig, impls: list[Implementation], device: str, options: timing.TimingOptions,
-    floor: LaunchFloor, run_id: str, host_tolerance: float = HOST_STATE_TOLERANCE,
+    floor: LaunchFloor, run_id: str, host_tolerance: float = HOST_STATE_TOLERANCE, placements: int = 1,
 ) -> list[dict[str, Any]]:
     """Every row of one config: parity, then interleaved timing of what passed, plus the launch floor, in
-    every view of options."""
+    every view of options. With placements > 1, all of that once for each of that many copies of the workload
+    (the same inputs, each in fresh memory: every copy stays alive until the config is done), each row carrying
+    its copy's index in `placement`; the rows share the config key, so the report, compare and calibrate-tau pool
+    them as repeats. A copy that cannot be built (out of memory, say) gets `error` rows, and no later copy is tried."""
     views = timing.views_for(device, options)
     base = {
         "run_id": run_id, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **envinfo.collect(device), **config_columns(op, device, cfg, options, host_tolerance),
+        **envinfo.collect(device), **config_columns(op, device, cfg, options, host_tolerance, placements),
     }
-    try:
-        workload = make_workload(op, cfg, device)
-        timed_workload = timing_workload(op, workload)
-    except Exception as err:
-        reason = f"building the workload raised {type(err).__name__}: {err}"
-        return [_row(base, impl, view, "error", reason) for impl in impls for view in views]
+    rows: list[dict[str, Any]] = []
+    alive = []  # the copies built so far: freed ones would hand the next copy their memory
+    for placement in range(placements):
+        tagged = {**base, "placement": placement} if placements > 1 else base
+        try:
+            workload = make_workload(op, cfg, device)
+            timed_workload = timing_workload(op, workload)
+        except Exception as err:
+            copy = f"copy {placement} of {placements}: " if placements > 1 else ""
+            reason = f"{copy}building the workload raised {type(err).__name__}: {err}"
+            rows.extend(_row(tagged, impl, view, "error", reason) for impl in impls for view in views)
+            break
+        alive.append((workload, timed_workload))
+        rows.extend(_measure_copy(tagged, impls, device, options, floor, cfg, op, workload, timed_workload, views))
+    return rows
 
+
+def _measure_copy(base, impls: list[Implementation], device: str, options: timing.TimingOptions, floor: LaunchFloor,
+                  cfg: VerifyConfig, op: str, workload, timed_workload, views) -> list[dict[str, Any]]:
+    """measure_config's rows on one copy of the workload."""
     rows_of: dict[str, list[dict[str, Any]]] = {}  # impl name -> its rows, kept in registry order
     runs: dict[str, Callable[[], object]] = {}
     not_capturable: dict[str, str] = {}

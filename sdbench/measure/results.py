@@ -74,6 +74,7 @@ SCHEMA = pa.schema([
     ("iters", pa.int32()),
     ("cold_l2", pa.bool_()),
     ("settings", pa.string()),
+    ("placement", pa.int32()),  # sweep --placements N: which copy of the workload (0..N-1); null with one copy
     ("median_us", pa.float64()),
     ("p95_us", pa.float64()),
     ("min_us", pa.float64()),

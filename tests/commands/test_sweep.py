@@ -99,6 +99,45 @@ def test_cpu_sweep_writes_one_row_per_config_impl_and_view(tmp_path):
     assert summary.statuses["torch_eager"] == {"ok": 8}
 
 
+def test_placements_time_every_copy_in_memory_of_its_own_and_the_report_pools_them(tmp_path, monkeypatch):
+    """--placements 3: three copies of the config's workload, each alive until the config is done (so each has memory
+    of its own), each checked and timed with its floor; one part, one config key, rows saying their copy; the report
+    reads them as one config, the median of the copies' medians."""
+    addresses = []
+    real = sweep.make_workload
+
+    def recording(op, cfg, device):
+        workload = real(op, cfg, device)
+        addresses.append(workload.draft_kv.data_ptr())  # (no reference kept here: the sweep's must hold it)
+        return workload
+
+    monkeypatch.setattr(sweep, "make_workload", recording)
+    spec = _spec(tmp_path, op="verify_pack", kv_dims=[64], impls=["torch_eager"], batch_sizes=[64], gammas=[16],
+                 alphas=[0.6], placements=3)
+    summary = sweep.run_sweep(spec)
+    assert summary.measured == 1 and len(summary.parts) == 1
+    assert len(addresses) == 3 and len(set(addresses)) == 3, addresses
+    rows = results.read_rows(tmp_path)
+    assert len({results.config_key(row) for row in rows}) == 1 and rows[0]["settings"].endswith(" placements=3")
+    for impl in ("torch_eager", "launch_floor"):
+        assert sorted(row["placement"] for row in rows if row["impl"] == impl) == [0, 1, 2]
+    eager = sorted(row["median_us"] for row in rows if row["impl"] == "torch_eager" and row["status"] == "ok")
+    assert len(eager) == 3
+    from sdbench.commands import report
+
+    (cell,) = [cell for cell in report.build_report([tmp_path]).cells if cell.impl == "torch_eager"]
+    assert cell.median("cpu") == pytest.approx(eager[1])
+    one = sweep.run_sweep(_spec(tmp_path / "one", op="verify_pack", kv_dims=[64], impls=["torch_eager"],
+                                batch_sizes=[64], gammas=[16], alphas=[0.6]))
+    assert one.measured == 1 and {row["placement"] for row in results.read_rows(tmp_path / "one")} == {None}
+
+
+@pytest.mark.parametrize("placements", [0, -1])
+def test_placements_below_one_are_refused(tmp_path, placements):
+    with pytest.raises(SdbenchError, match="--placements must be >= 1"):
+        sweep.validate(_spec(tmp_path, placements=placements))
+
+
 def test_realised_acceptance_and_kv_bytes_are_recorded(tmp_path):
     spec = _spec(tmp_path, op="verify_pack", kv_dims=[8], batch_sizes=[5], gammas=[16], alphas=[0.6])
     sweep.run_sweep(spec)
@@ -540,19 +579,46 @@ def test_a_config_measured_in_a_slow_host_state_is_measured_again(tmp_path, seco
     assert summary.median_of_medians("launch_floor", "wall") == pytest.approx((20.0 + wall_floor_us) / 2)
 
 
+def test_each_copys_wall_rows_are_replaced_by_that_copys_second_measurement(tmp_path):
+    """--placements: a config's rows hold one (implementation, view) per copy; the second wall measurement's rows
+    replace the first copy by copy, never one copy's row by another's."""
+    first = [{**row, "placement": copy, "median_us": row["median_us"] + copy} for copy in (0, 1)
+             for row in _config_rows(2, 34.0)]
+    measured = _measured(tmp_path, [20.0])
+    measured.append(sweep.MeasuredConfig(VerifyConfig(2, 8, 0.5), first,
+                                         results.write_part(tmp_path, "part-r-b2.parquet", first)))
+
+    def remeasure(cfg):  # faster (floor 21), each copy's ballot 100 + its copy
+        return [{**row, "placement": copy, "median_us": 100.0 + copy if row["impl"] == "ballot" else row["median_us"]}
+                for copy in (0, 1) for row in _config_rows(cfg.batch_size, 21.0) if row["view"] == "wall"]
+
+    summary = sweep.SweepSummary("r", tmp_path, "cuda", ("wall", "gpu"), 2, 2)
+    sweep.settle_host_state(measured, 0.15, remeasure, summary)
+    assert summary.host_kept == 1
+    walls = {(row["impl"], row["placement"]): row for row in measured[1].rows if row["view"] == "wall"}
+    assert len(measured[1].rows) == 8 and len(walls) == 4
+    assert (walls[("ballot", 0)]["median_us"], walls[("ballot", 1)]["median_us"]) == (100.0, 101.0)
+    gpu = sorted(row["median_us"] for row in measured[1].rows if row["view"] == "gpu" and row["impl"] == "ballot")
+    assert gpu == [2.0, 3.0]  # the gpu view of each copy, untouched
+
+
 def test_a_wall_view_measured_again_keeps_its_configs_key(monkeypatch):
     # The retry measures the wall view alone, yet its rows replace rows of the sweep's config: same key. (Its
     # settings said views=wall, so the quick preset read back 10 configs instead of 8.) measure_config is
     # replaced by one that writes the columns of the options it was given, as the real one does.
-    def measure_config(op, cfg, impls, device, options, floor, run_id, host_tolerance):
-        return [{**sweep.config_columns(op, device, cfg, options, host_tolerance), "impl": "ballot", "view": "wall"}]
+    def measure_config(op, cfg, impls, device, options, floor, run_id, host_tolerance, placements):
+        return [{**sweep.config_columns(op, device, cfg, options, host_tolerance, placements), "impl": "ballot",
+                 "view": "wall"}]
 
     monkeypatch.setattr(sweep, "measure_config", measure_config)
     options = sweep.timing.TimingOptions(max_time_s=0.5)
     cfg = VerifyConfig(4, 8, 0.5)
-    again = sweep._wall_remeasure("verify", [], "cuda", options, None, "r", 0.15)(cfg)
-    assert [results.config_key(row) for row in again] == [
-        results.config_key(sweep.config_columns("verify", "cuda", cfg, options, 0.15))]
+    for placements in (1, 3):
+        again = sweep._wall_remeasure("verify", [], "cuda", options, None, "r", 0.15, placements)(cfg)
+        assert [results.config_key(row) for row in again] == [
+            results.config_key(sweep.config_columns("verify", "cuda", cfg, options, 0.15, placements))]
+    one, three = (sweep.config_columns("verify", "cuda", cfg, options, 0.15, n)["settings"] for n in (1, 3))
+    assert three == one + " placements=3"  # a sweep of one copy keeps the key it had before the option
 
 
 def test_a_sweep_in_one_host_state_is_left_as_measured(tmp_path):

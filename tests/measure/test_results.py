@@ -31,7 +31,7 @@ def _ok_row(**changes):
         "mean_accepted_length": 2.4, "accepted_kv_bytes": 0, "impl": "ballot", "backend": "cuda", "is_peer": False,
         "syncs": False, "view": "wall", "status": "ok", "reason": None, "warmup": 20, "iters": 3,
         "median_us": 2.0, "p95_us": 2.9, "min_us": 1.0, "mean_us": 2.0, "std_us": 1.0, "samples_us": [1.0, 2.0, 3.0],
-        "noise": None, "noisy": True, "calls_per_sample": None, "floor_drift": None, "host_slowed": None,
+        "noise": None, "noisy": True, "calls_per_sample": None, "floor_drift": None, "host_slowed": None, "placement": None,
         "launch_floor_us": 18.5, "launch_path": "custom_op", "launch_floor_min_us": 18.5, "bytes_moved": None,
         "achieved_gbps": None,
     }
