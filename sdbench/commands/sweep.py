@@ -321,7 +321,9 @@ class SweepSummary:
     def add(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             counts = self.statuses.setdefault(row["impl"], {})
-            if row["view"] == self.views[0]:  # count configs, not rows
+            # count configs, not rows: one view, and of --placements' copies the first, and any other that was not ok
+            # (so a config whose later copy could not be built counts as ok and as error, never hiding the error)
+            if row["view"] == self.views[0] and (not row.get("placement") or row["status"] != "ok"):
                 counts[row["status"]] = counts.get(row["status"], 0) + 1
             if row["status"] == "ok":
                 self.medians_us.setdefault((row["impl"], row["view"]), []).append(row["median_us"])

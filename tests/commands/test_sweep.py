@@ -115,7 +115,7 @@ def test_placements_time_every_copy_in_memory_of_its_own_and_the_report_pools_th
     spec = _spec(tmp_path, op="verify_pack", kv_dims=[64], impls=["torch_eager"], batch_sizes=[64], gammas=[16],
                  alphas=[0.6], placements=3)
     summary = sweep.run_sweep(spec)
-    assert summary.measured == 1 and len(summary.parts) == 1
+    assert summary.measured == 1 and len(summary.parts) == 1 and summary.statuses["torch_eager"] == {"ok": 1}
     assert len(addresses) == 3 and len(set(addresses)) == 3, addresses
     rows = results.read_rows(tmp_path)
     assert len({results.config_key(row) for row in rows}) == 1 and rows[0]["settings"].endswith(" placements=3")
@@ -130,6 +130,24 @@ def test_placements_time_every_copy_in_memory_of_its_own_and_the_report_pools_th
     one = sweep.run_sweep(_spec(tmp_path / "one", op="verify_pack", kv_dims=[64], impls=["torch_eager"],
                                 batch_sizes=[64], gammas=[16], alphas=[0.6]))
     assert one.measured == 1 and {row["placement"] for row in results.read_rows(tmp_path / "one")} == {None}
+
+
+def test_a_copy_that_cannot_be_built_is_an_error_and_no_later_copy_is_tried(tmp_path, monkeypatch):
+    calls = []
+    real = sweep.make_workload
+
+    def second_fails(op, cfg, device):
+        calls.append(cfg)
+        if len(calls) == 2:
+            raise MemoryError("no room for a second copy")
+        return real(op, cfg, device)
+
+    monkeypatch.setattr(sweep, "make_workload", second_fails)
+    summary = sweep.run_sweep(_spec(tmp_path, batch_sizes=[4], gammas=[8], alphas=[0.5], placements=3))
+    assert len(calls) == 2 and summary.statuses["torch_eager"] == {"ok": 1, "error": 1}
+    eager = {row["placement"]: row for row in results.read_rows(tmp_path) if row["impl"] == "torch_eager"}
+    assert set(eager) == {0, 1} and eager[0]["status"] == "ok" and eager[1]["status"] == "error"
+    assert eager[1]["reason"] == "copy 1 of 3: building the workload raised MemoryError: no room for a second copy"
 
 
 @pytest.mark.parametrize("placements", [0, -1])
