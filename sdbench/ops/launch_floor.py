@@ -125,9 +125,10 @@ def rows_below_own_floor(rows: list[dict], tolerance: float = 0.0) -> list[dict]
     return below
 
 
-# The columns that say which launch_floor row of a run a row is read against (with run_id and view).
+# The columns that say which launch_floor row of a run a row is read against (with run_id and view): the copy of the
+# workload too (sweep --placements times each copy beside a floor of its own).
 FLOOR_KEY_COLUMNS = ("op", "batch_size", "gamma", "alpha", "kv_dim", "vocab_size", "dist", "token_dtype", "kv_dtype",
-                     "seed", "cold_l2")
+                     "seed", "cold_l2", "placement")
 
 
 def _config_of(row: dict) -> tuple:

@@ -104,6 +104,28 @@ def test_failures_are_one_line_each_naming_their_implementations_configs_and_a_s
     assert naive == "verify/naive: unavailable at 6 configs (needs a GPU)"
 
 
+def test_copies_of_a_workload_are_one_cell_and_a_note_gives_their_widest_spread(tmp_path):
+    """sweep --placements: the copies' rows are one cell (the median of their medians) and one note says how many
+    copies and where they came furthest apart; results without copies get no such note."""
+    rows = synthetic_results.make_rows(batch_sizes=(32,), gammas=(8,), alphas=(0.6,), kv_dims=(128,))
+    # copy c of every row at (1 + 0.05 c) x its median; ballot's third wall copy at 1.3 x: (1.3 - 1) / 1.05, the widest
+    copies = []
+    for row in rows:
+        for copy in range(3):
+            scale = 1.3 if (row["impl"], row["view"], copy) == ("ballot", "wall", 2) else 1.0 + 0.05 * copy
+            copies.append({**row, "placement": copy, "median_us": row["median_us"] * scale,
+                           "samples_us": [value * scale for value in row["samples_us"]]})
+    built = report.build_report([synthetic_results.write(tmp_path / "part-0.parquet", copies)])
+    (note,) = [note for note in built.notes if "copies of the workload" in note]
+    assert note.startswith("2 configs timed on 3 copies of the workload each (sweep --placements)")  # verify, verify_pack
+    assert "widest spread is 28.6% of their median, ballot at b=32 γ=8 α=0.6 warm L2 (wall view: 19.5–25.4 µs)" in note
+    (ballot,) = [cell for cell in built.cells if cell.impl == "ballot"]
+    plain = report.build_report([synthetic_results.write(tmp_path / "one" / "part-0.parquet", rows)])
+    (alone,) = [cell for cell in plain.cells if cell.impl == "ballot"]
+    assert ballot.median("wall") == pytest.approx(alone.median("wall") * 1.05)  # the middle of 1, 1.05 and 1.3
+    assert not any("copies of the workload" in note for note in plain.notes)
+
+
 def test_out_writes_markdown_plots_and_self_contained_html(tmp_path):
     written = page.write_report(report.build_report([FIXTURE]), tmp_path)
     names = {path.name for path in written}

@@ -125,8 +125,10 @@ def test_placements_time_every_copy_in_memory_of_its_own_and_the_report_pools_th
     assert len(eager) == 3
     from sdbench.commands import report
 
-    (cell,) = [cell for cell in report.build_report([tmp_path]).cells if cell.impl == "torch_eager"]
+    built = report.build_report([tmp_path])
+    (cell,) = [cell for cell in built.cells if cell.impl == "torch_eager"]
     assert cell.median("cpu") == pytest.approx(eager[1])
+    assert any(note.startswith("1 config timed on 3 copies of the workload each") for note in built.notes), built.notes
     one = sweep.run_sweep(_spec(tmp_path / "one", op="verify_pack", kv_dims=[64], impls=["torch_eager"],
                                 batch_sizes=[64], gammas=[16], alphas=[0.6]))
     assert one.measured == 1 and {row["placement"] for row in results.read_rows(tmp_path / "one")} == {None}

@@ -257,14 +257,14 @@ def failure_notes(frame) -> list[str]:
         for configs, impls in by_configs.items():
             named = ""
             if len(configs) <= FAILED_CONFIGS_NAMED:
-                named = ": " + "; ".join(sorted(_failed_config_label(dict(zip(CONFIG_KEYS, config, strict=True)))
+                named = ": " + "; ".join(sorted(_config_words(dict(zip(CONFIG_KEYS, config, strict=True)))
                                                 for config in configs))
             notes.append(f"{op}/{', '.join(impls)}: {status} at {len(configs)} config{'s' * (len(configs) > 1)}"
                          f"{named} ({_short_reason(reason)})")
     return notes
 
 
-def _failed_config_label(config: dict) -> str:
+def _config_words(config: dict) -> str:
     parts = [f"b={config['batch_size']}", f"γ={config['gamma']}", f"α={config['alpha']:g}"]
     if config.get("kv_dim"):
         parts.append(f"kv={config['kv_dim']}")
@@ -333,6 +333,9 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
         report.notes.append(f"baseline {baseline!r} is not in these results: no speedup-vs-baseline column "
                             f"(choose one of {', '.join(known_impls)} with --baseline)")
     report.notes.extend(skipped_notes)
+    copies_note = placements_note(frame)
+    if copies_note:
+        report.notes.append(copies_note)
     below_note = _below_floor_note(frame)
     if below_note:
         report.notes.append(below_note)
@@ -364,6 +367,31 @@ def _below_floor_note(frame) -> str | None:
            if legacy else "")
     allowed = "".join(f" (and {share:.0%} in the {view} view)" for view, share in FLOOR_TOLERANCE.items())
     return f"below their own launch floor by more than their and the floor's noise{allowed}: {listed}{why}"
+
+
+def placements_note(frame) -> str | None:
+    """Says that configs were timed on several copies of their workload (`sweep --placements`), that a cell is the
+    median of the copies' medians, and how far apart the copies came: the widest spread (max - min over their
+    median) of one implementation's copies in one view. None where no row names a copy."""
+    pl = require_polars()
+    if "placement" not in frame.collect_schema().names():
+        return None
+    spreads = frame.filter((pl.col("status") == "ok") & pl.col("placement").is_not_null()
+                           & (pl.col("impl") != "launch_floor")).group_by([*CONFIG_KEYS, "impl", "view"]).agg(
+        pl.col("placement").n_unique().alias("copies"), pl.col("median_us").min().alias("low"),
+        pl.col("median_us").max().alias("high"), pl.col("median_us").median().alias("middle")).filter(
+        pl.col("copies") > 1).collect()
+    if spreads.height == 0:
+        return None
+    rows = spreads.to_dicts()
+    widest = max(rows, key=lambda row: (row["high"] - row["low"]) / row["middle"])
+    configs = len({tuple(row[key] for key in CONFIG_KEYS) for row in rows})
+    counts = sorted({row["copies"] for row in rows})
+    each = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    return (f"{configs} config{'s' * (configs > 1)} timed on {each} copies of the workload each (sweep --placements): a "
+            f"cell is the median of the copies' medians; the copies' widest spread is "
+            f"{(widest['high'] - widest['low']) / widest['middle']:.1%} of their median, {widest['impl']} at "
+            f"{_config_words(widest)} ({widest['view']} view: {widest['low']:.3g}–{widest['high']:.3g} µs)")
 
 
 def run_ids(frame) -> list[str]:
