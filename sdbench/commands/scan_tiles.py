@@ -20,10 +20,11 @@ reads against the others of its run. Times: the median over --iters calls, per L
 CUPTI GPU time, the default; `graph`, a CUDA-graph replay's; `wall`), each row's `<view>_us`.
 
 --placements N builds each point's workload N times in one process (the same data, each copy in fresh memory, all
-alive) and times every name on every copy in the same rotation: where the buffers land moves the scan kernel's copy by
-up to 1.3 µs at 8 KB rows on an H200 (docs/results/nvidia-h200/scale-kv/experiments/placement/), which one copy
+alive) and times every name on every copy in the same rotation: where the buffers land moved `fused` by up to 1.3 µs
+cold and 1.7 warm at 8 KB rows on an H200 (docs/results/nvidia-h200/scale-kv/experiments/placement/), which one copy
 cannot tell from a variant's effect. A row's `<view>_us` is then the median over the copies of each copy's median,
-and `<view>_spread_us` the copies' [min, max].
+`<view>_spread_us` the copies' [min, max], and `<view>_by_copy_us` every copy's median ("fused#2": copy 2).
+N copies take N times the workload's memory: a point they do not fit stops the tool with a message saying so.
 """
 
 from __future__ import annotations
@@ -125,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for cfg in parse_points(args.points):
         # every copy stays alive until the point is done, so each lands in memory of its own
-        workloads = [make_workload("verify_pack", cfg, "cuda") for _ in range(args.placements)]
+        try:
+            workloads = [make_workload("verify_pack", cfg, "cuda") for _ in range(args.placements)]
+        except torch.cuda.OutOfMemoryError as err:
+            raise SystemExit(f"{cfg.batch_size}:{cfg.gamma}:{cfg.alpha:g}:{cfg.kv_dim}: {args.placements} copies of "
+                             f"the workload do not fit this GPU's memory (--placements): {err}") from None
         expected = verify_pack(workloads[0].draft_tokens, workloads[0].target_tokens, workloads[0].draft_kv)
         total = int(expected["accepted_lengths"].sum())
         runs = {}

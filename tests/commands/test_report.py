@@ -104,6 +104,20 @@ def test_failures_are_one_line_each_naming_their_implementations_configs_and_a_s
     assert naive == "verify/naive: unavailable at 6 configs (needs a GPU)"
 
 
+def test_failed_configs_that_differ_beyond_b_gamma_alpha_and_kv_say_how(tmp_path):
+    """Two failed configs alike in b, γ, α, kv and L2 but not in dtype: each named with its kv_dtype, so the two
+    names differ."""
+    rows = [row for row in synthetic_results.make_rows(batch_sizes=(4,), gammas=(8,), alphas=(0.3,), kv_dims=(128,))
+            if row["op"] == "verify_pack"]
+    rows += [{**row, "kv_dtype": "bfloat16"} for row in rows]
+    for row in rows:
+        if row["impl"] == "fused_single_block":
+            row.update(status="error", reason="no room", median_us=None, samples_us=None)
+    built = report.build_report([synthetic_results.write(tmp_path / "part-0.parquet", rows)])
+    assert ("verify_pack/fused_single_block: error at 2 configs: b=4 γ=8 α=0.3 kv=128 warm L2 kv_dtype=bfloat16; "
+            "b=4 γ=8 α=0.3 kv=128 warm L2 kv_dtype=float16 (no room)") in built.notes
+
+
 def test_copies_of_a_workload_are_one_cell_and_a_note_gives_their_widest_spread(tmp_path):
     """sweep --placements: the copies' rows are one cell (the median of their medians) and one note says how many
     copies and where they came furthest apart; results without copies get no such note."""

@@ -44,6 +44,9 @@ def test_copies_fold_into_their_names_median_and_spread():
     assert spread["launch floor"] == (0.6, 0.6)
     one = {"fused": 2.0, "ballot+pack_cuda": 3.0, "launch floor": 0.5}
     assert scan_tiles.over_placements(one)[0] == one  # one placement: the rows read as before
+
+
+def test_a_name_carries_its_copy_only_when_there_are_several():
     assert [scan_tiles.placement_tag(copy, 3) for copy in range(3)] == ["#0", "#1", "#2"]
     assert scan_tiles.placement_tag(0, 1) == ""
 

@@ -257,20 +257,35 @@ def failure_notes(frame) -> list[str]:
         for configs, impls in by_configs.items():
             named = ""
             if len(configs) <= FAILED_CONFIGS_NAMED:
-                named = ": " + "; ".join(sorted(_config_words(dict(zip(CONFIG_KEYS, config, strict=True)))
-                                                for config in configs))
+                keyed = [dict(zip(CONFIG_KEYS, config, strict=True)) for config in configs]
+                also = _differing_keys(keyed)
+                named = ": " + "; ".join(sorted(_config_words(config, also) for config in keyed))
             notes.append(f"{op}/{', '.join(impls)}: {status} at {len(configs)} config{'s' * (len(configs) > 1)}"
                          f"{named} ({_short_reason(reason)})")
     return notes
 
 
-def _config_words(config: dict) -> str:
-    parts = [f"b={config['batch_size']}", f"γ={config['gamma']}", f"α={config['alpha']:g}"]
+WORDED_KEYS = ("batch_size", "gamma", "alpha", "kv_dim", "cold_l2")  # what _config_words always says
+
+
+def _config_words(config: dict, also: tuple[str, ...] = ()) -> str:
+    """b, γ, α, kv and the L2 state of a config (a dict of CONFIG_KEYS), then `also`'s keys as key=value: the ones
+    that tell apart configs these five do not."""
+    alpha = config.get("alpha")
+    parts = [f"b={config.get('batch_size')}", f"γ={config.get('gamma')}",
+             f"α={alpha:g}" if isinstance(alpha, (int, float)) else f"α={alpha}"]
     if config.get("kv_dim"):
         parts.append(f"kv={config['kv_dim']}")
     if config.get("cold_l2") is not None:
         parts.append("cold L2" if config["cold_l2"] else "warm L2")
+    parts.extend(f"{key}={config.get(key)}" for key in also)
     return " ".join(parts)
+
+
+def _differing_keys(configs: list[dict]) -> tuple[str, ...]:
+    """The config keys beyond WORDED_KEYS whose values differ among configs (in CONFIG_KEYS order)."""
+    return tuple(key for key in CONFIG_KEYS if key not in WORDED_KEYS and key != "op"
+                 and len({config.get(key) for config in configs}) > 1)
 
 
 def _short_reason(reason: str) -> str:
