@@ -319,14 +319,16 @@ class SweepSummary:
             self.add(rows)
 
     def add(self, rows: list[dict[str, Any]]) -> None:
+        """One config's rows. It counts once per implementation and status, however many copies of its workload
+        (--placements) it was timed on, and gives each (implementation, view) one median: its copies' median."""
+        seen: dict[str, set[str]] = {}
+        medians: dict[tuple[str, str], list[float]] = {}
         for row in rows:
-            counts = self.statuses.setdefault(row["impl"], {})
-            # count configs, not rows: one view, and of --placements' copies the first, and any other that was not ok
-            # (so a config whose later copy could not be built counts as ok and as error, never hiding the error)
-            if row["view"] == self.views[0] and (not row.get("placement") or row["status"] != "ok"):
-                counts[row["status"]] = counts.get(row["status"], 0) + 1
+            statuses = seen.setdefault(row["impl"], set())
+            if row["view"] == self.views[0]:  # count configs, not rows or views
+                statuses.add(row["status"])
             if row["status"] == "ok":
-                self.medians_us.setdefault((row["impl"], row["view"]), []).append(row["median_us"])
+                medians.setdefault((row["impl"], row["view"]), []).append(row["median_us"])
             if row["impl"] == timing.LAUNCH_FLOOR:
                 continue
             if row["status"] == "ok":
@@ -336,6 +338,12 @@ class SweepSummary:
             names = self.reasons.setdefault(f"{row['status']}: {row['reason'] or 'no reason given'}", [])
             if row["impl"] not in names:
                 names.append(row["impl"])
+        for impl, statuses in seen.items():
+            counts = self.statuses.setdefault(impl, {})
+            for status in sorted(statuses):
+                counts[status] = counts.get(status, 0) + 1
+        for key, values in medians.items():
+            self.medians_us.setdefault(key, []).append(timing.percentile(values, 50.0))
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -525,7 +533,7 @@ def measure_config(
         **envinfo.collect(device), **config_columns(op, device, cfg, options, host_tolerance, placements),
     }
     rows: list[dict[str, Any]] = []
-    alive = []  # the copies built so far: freed ones would hand the next copy their memory
+    alive = []  # every copy so far, inputs and prepared runs (their outputs): freed, they would hand the next their memory
     for placement in range(placements):
         tagged = {**base, "placement": placement} if placements > 1 else base
         try:
@@ -536,14 +544,16 @@ def measure_config(
             reason = f"{copy}building the workload raised {type(err).__name__}: {err}"
             rows.extend(_row(tagged, impl, view, "error", reason) for impl in impls for view in views)
             break
-        alive.append((workload, timed_workload))
-        rows.extend(_measure_copy(tagged, impls, device, options, floor, cfg, op, workload, timed_workload, views))
+        copy_rows, runs = _measure_copy(tagged, impls, device, options, floor, cfg, op, workload, timed_workload, views)
+        alive.append((workload, timed_workload, runs))
+        rows.extend(copy_rows)
     return rows
 
 
 def _measure_copy(base, impls: list[Implementation], device: str, options: timing.TimingOptions, floor: LaunchFloor,
-                  cfg: VerifyConfig, op: str, workload, timed_workload, views) -> list[dict[str, Any]]:
-    """measure_config's rows on one copy of the workload."""
+                  cfg: VerifyConfig, op: str, workload, timed_workload,
+                  views) -> tuple[list[dict[str, Any]], dict[str, Callable[[], object]]]:
+    """measure_config's rows on one copy of the workload, and the prepared runs (which hold the copy's outputs)."""
     rows_of: dict[str, list[dict[str, Any]]] = {}  # impl name -> its rows, kept in registry order
     runs: dict[str, Callable[[], object]] = {}
     not_capturable: dict[str, str] = {}
@@ -602,7 +612,7 @@ def _measure_copy(base, impls: list[Implementation], device: str, options: timin
             launch_floor_min_us=min(measured) if measured else None,
             iters=gpu_iters if view == "gpu" else options.iters,
         )
-    return rows
+    return rows, runs
 
 
 def _own_floor(timings: timing.Timings, path: str, view: str) -> tuple[str, timing.ViewResult | None]:

@@ -1,5 +1,7 @@
 """The sweep on the CPU: grids and presets, exact shards, interrupt + resume, parquet rows, CLI errors."""
 
+import gc
+import weakref
 from collections import Counter
 
 import pytest
@@ -100,29 +102,40 @@ def test_cpu_sweep_writes_one_row_per_config_impl_and_view(tmp_path):
 
 
 def test_placements_time_every_copy_in_memory_of_its_own_and_the_report_pools_them(tmp_path, monkeypatch):
-    """--placements 3: three copies of the config's workload, each alive until the config is done (so each has memory
-    of its own), each checked and timed with its floor; one part, one config key, rows saying their copy; the report
+    """--placements 3: three copies of the config's workload, each checked and timed with its floor; while a copy is
+    built every earlier copy's inputs and prepared run (which holds its outputs) are alive, so it cannot be handed their
+    memory, and all are freed once the config is done. One part, one config key, rows saying their copy; the report
     reads them as one config, the median of the copies' medians."""
-    addresses = []
-    real = sweep.make_workload
+    refs, alive_at_build = [], []
+    real_make, real_ready = sweep.make_workload, sweep._ready
 
-    def recording(op, cfg, device):
-        workload = real(op, cfg, device)
-        addresses.append(workload.draft_kv.data_ptr())  # (no reference kept here: the sweep's must hold it)
+    def recording_make(op, cfg, device):
+        alive_at_build.append([ref() is not None for ref in refs])
+        workload = real_make(op, cfg, device)
+        refs.append(weakref.ref(workload))
         return workload
 
-    monkeypatch.setattr(sweep, "make_workload", recording)
+    def recording_ready(impl, workload, timed_workload, device):
+        status, reason, run = real_ready(impl, workload, timed_workload, device)
+        if run is not None:
+            refs.append(weakref.ref(run))
+        return status, reason, run
+
+    monkeypatch.setattr(sweep, "make_workload", recording_make)
+    monkeypatch.setattr(sweep, "_ready", recording_ready)
     spec = _spec(tmp_path, op="verify_pack", kv_dims=[64], impls=["torch_eager"], batch_sizes=[64], gammas=[16],
                  alphas=[0.6], placements=3)
     summary = sweep.run_sweep(spec)
     assert summary.measured == 1 and len(summary.parts) == 1 and summary.statuses["torch_eager"] == {"ok": 1}
-    assert len(addresses) == 3 and len(set(addresses)) == 3, addresses
+    assert alive_at_build == [[], [True, True], [True, True, True, True]]  # (a workload, then its prepared run)
+    gc.collect()
+    assert not any(ref() is not None for ref in refs)  # freed with the config
     rows = results.read_rows(tmp_path)
     assert len({results.config_key(row) for row in rows}) == 1 and rows[0]["settings"].endswith(" placements=3")
     for impl in ("torch_eager", "launch_floor"):
         assert sorted(row["placement"] for row in rows if row["impl"] == impl) == [0, 1, 2]
     eager = sorted(row["median_us"] for row in rows if row["impl"] == "torch_eager" and row["status"] == "ok")
-    assert len(eager) == 3
+    assert len(eager) == 3 and summary.median_of_medians("torch_eager", "cpu") == pytest.approx(eager[1])
     from sdbench.commands import report
 
     built = report.build_report([tmp_path])
@@ -132,6 +145,15 @@ def test_placements_time_every_copy_in_memory_of_its_own_and_the_report_pools_th
     one = sweep.run_sweep(_spec(tmp_path / "one", op="verify_pack", kv_dims=[64], impls=["torch_eager"],
                                 batch_sizes=[64], gammas=[16], alphas=[0.6]))
     assert one.measured == 1 and {row["placement"] for row in results.read_rows(tmp_path / "one")} == {None}
+
+
+def test_a_status_every_copy_shares_counts_once_per_config(tmp_path):
+    """torch_compile is unavailable on the CPU on every copy: counted once for each of the two configs, not once a
+    copy; the launch floor likewise."""
+    summary = sweep.run_sweep(_spec(tmp_path, impls=["torch_eager", "torch_compile"], batch_sizes=[4], gammas=[8],
+                                    alphas=[0.3, 0.9], placements=3))
+    assert summary.statuses["torch_compile"] == {"unavailable": 2}
+    assert summary.statuses["launch_floor"] == {"unavailable": 2} and summary.statuses["torch_eager"] == {"ok": 2}
 
 
 def test_a_copy_that_cannot_be_built_is_an_error_and_no_later_copy_is_tried(tmp_path, monkeypatch):
