@@ -35,7 +35,7 @@ import numpy as np
 
 from sdbench import thresholds
 from sdbench.errors import SdbenchError
-from sdbench.measure import results
+from sdbench.measure import copies, results
 from sdbench.thresholds import Profile, best_threshold, crossing_bytes, fewest_segments, format_bytes
 
 DEFAULT_SMALL = "fused_single_block"
@@ -55,8 +55,9 @@ class PairPoint:
     kv_bytes: float  # accepted_kv_bytes of the workload
     small_us: float  # median of the small-work implementation
     large_us: float
-    small_samples: np.ndarray = field(default_factory=lambda: np.empty(0))
-    large_samples: np.ndarray = field(default_factory=lambda: np.empty(0))
+    # the samples behind each median, one array a copy of the workload (sweep --placements), else one pooled array
+    small_samples: list[np.ndarray] = field(default_factory=list)
+    large_samples: list[np.ndarray] = field(default_factory=list)
 
 
 @dataclass
@@ -118,11 +119,12 @@ def _percentile_sorted(values: np.ndarray, q: float) -> float:
     return float(ordered[index])
 
 
-def _bootstrap_medians(samples: np.ndarray, median: float, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    if samples.size < 2:
+def _bootstrap_medians(samples: list[np.ndarray], median: float, n_boot: int,
+                       rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap replicates of a median from its samples (`_pooled`'s: one array, or one a copy)."""
+    if len(samples) == 1 and samples[0].size < 2 or not samples:
         return np.full(n_boot, median)
-    picks = rng.integers(0, samples.size, size=(n_boot, samples.size))
-    return np.median(samples[picks], axis=1)
+    return copies.bootstrap_medians(samples, n_boot, rng)
 
 
 def fit_tau(points: list[PairPoint], small: str = DEFAULT_SMALL, large: str = DEFAULT_LARGE, *,
@@ -318,7 +320,8 @@ def race_points(rows: list[dict], impls: tuple[str, ...], view: str) -> tuple[li
         for impl in impls:
             samples, medians[impl] = _pooled(entry[impl])
             from_rows = [row["noise"] for row in entry[impl] if row.get("noise") is not None]
-            noise[impl] = median_noise(samples)
+            # copies of the workload: the error of their medians' median, their spread included
+            noise[impl] = median_noise(samples[0]) if len(samples) == 1 else copies.relative_error(samples)
             if noise[impl] is None:  # fewer than 8 samples: the rows' own noise, else none known
                 noise[impl] = float(np.median(from_rows)) if from_rows else 0.0
         points.append(RacePoint(config, kv_bytes[config], medians, noise))
@@ -402,11 +405,17 @@ def pair_points(rows: list[dict], small: str, large: str, view: str) -> list[Pai
     return points
 
 
-def _pooled(rows: list[dict]) -> tuple[np.ndarray, float]:
+def _pooled(rows: list[dict]) -> tuple[list[np.ndarray], float]:
+    """(the samples, the median) of one implementation's rows at a config. Repeated runs pool their samples into one
+    array. Rows that are copies of the workload (sweep --placements) stay one array a copy, and the median is
+    their medians' (sdbench.measure.copies): each copy counts once."""
+    parts = [np.asarray(row.get("samples_us") or [row["median_us"]], dtype=float) for row in rows]
+    if any(row.get("placement") is not None for row in rows):
+        return parts, copies.median_of_copies(parts)
     samples = np.concatenate([np.asarray(row.get("samples_us") or [], dtype=float) for row in rows])
     if samples.size:
-        return samples, float(np.median(samples))
-    return samples, float(np.median([row["median_us"] for row in rows]))
+        return [samples], float(np.median(samples))
+    return [samples], float(np.median([row["median_us"] for row in rows]))
 
 
 def make_profile(fit: TauFit | RaceFit, rows: list[dict], *, view: str, copy_bandwidth_gbps: float | None = None,

@@ -467,6 +467,28 @@ def test_the_noise_column_stands_in_for_missing_samples(tmp_path):
     assert [segment.impl for segment in fit.segments] == ["fused"]
 
 
+def test_copies_of_a_workload_count_once_and_their_spread_is_the_noise():
+    """sweep --placements: a config's rows that are copies give the median of their medians (not of their pooled
+    samples) and a noise that holds the spread between them; the same rows as plain repeats pool their samples."""
+    rng = np.random.default_rng(2)
+    rows = [row for row in synthetic_results.make_rows(NARROW, **RACE_GRID) if row["view"] == "graph"]
+    timed = [row for row in rows if row["impl"] != "launch_floor"]
+    at_config = [row for row in timed if row["batch_size"] == timed[0]["batch_size"]
+                 and row["gamma"] == timed[0]["gamma"] and row["kv_dim"] == timed[0]["kv_dim"]]
+    fused = next(row for row in at_config if row["impl"] == "fused")
+    copies = []
+    for copy, (center, count) in enumerate(((10.0, 100), (10.3, 100), (11.0, 400))):
+        samples = rng.normal(center, 0.01, count).tolist()
+        copies.append({**fused, "placement": copy, "samples_us": samples, "median_us": float(np.median(samples))})
+    others = [{**row, "placement": copy} for row in at_config if row["impl"] != "fused" for copy in range(3)]
+    impls = tuple(sorted({row["impl"] for row in at_config}))
+    (point,), _ = tau.race_points(copies + others, impls, "graph")
+    assert point.median_us["fused"] == pytest.approx(10.3, abs=0.01)
+    assert point.noise["fused"] > 0.01  # the copies' ~10% spread, not the samples' 0.1%
+    (pooled,), _ = tau.race_points([{**row, "placement": None} for row in copies + others], impls, "graph")
+    assert pooled.median_us["fused"] == pytest.approx(11.0, abs=0.01) and pooled.noise["fused"] < 0.002
+
+
 def test_tolerance_buys_fewer_segments_at_a_reported_cost(tmp_path):
     """At 5% tolerance the 5% narrow win (1.5% of the geometric mean) is merged away, and the report says what
     that costs: exp(7/16 · log 1.05) - 1."""

@@ -104,6 +104,20 @@ def test_failures_are_one_line_each_naming_their_implementations_configs_and_a_s
     assert naive == "verify/naive: unavailable at 6 configs (needs a GPU)"
 
 
+def test_one_config_swept_with_two_settings_is_two_labelled_rows(tmp_path):
+    """A folder holding one config swept once plainly and once with --placements (another config key, by design):
+    its two cells are told apart by their settings in the latency table."""
+    rows = synthetic_results.make_rows(batch_sizes=(4,), gammas=(8,), alphas=(0.3,), kv_dims=(128,))
+    plain = [{**row, "settings": "warmup=5 iters=40"} for row in rows]
+    copied = [{**row, "settings": "warmup=5 iters=40 placements=2", "placement": copy, "run_id": "b"}
+              for row in rows for copy in (0, 1)]
+    built = report.build_report([synthetic_results.write(tmp_path / "part-0.parquet", plain + copied)])
+    labels = _column(_table(built, "Median latency"), "config")
+    pack = {label for label in labels if "kv=128" in label}  # verify_pack's cells (verify's have no kv)
+    assert pack == {"b=4 γ=8 α=0.3 kv=128 settings=warmup=5 iters=40",
+                    "b=4 γ=8 α=0.3 kv=128 settings=warmup=5 iters=40 placements=2"}, labels
+
+
 def test_failed_configs_that_differ_beyond_b_gamma_alpha_and_kv_say_how(tmp_path):
     """Two failed configs alike in b, γ, α, kv and L2 but not in dtype: each named with its kv_dtype, so the two
     names differ."""
@@ -273,6 +287,31 @@ def test_compare_flags_a_planted_2x_regression_and_nothing_else(tmp_path):
     assert {(c.get("batch_size"), c.get("gamma")) for c in flagged} == {(32, 128)}
     assert len(flagged) == 3 * 3  # three α × three views
     assert all(c.low > 1.8 for c in flagged)
+
+
+def test_compare_reads_copies_of_a_workload_one_vote_each_with_their_spread(tmp_path):
+    """B timed on three copies at 10.0, 10.3 and 11.0 µs (the last with four times the samples), A on one at 10.0:
+    B is 10.3 (the copies' median, not the pooled samples' 11.0), and the interval holds the copies' spread, so the
+    verdict is not SLOWER. Without copies, the same samples pooled would have called it SLOWER."""
+    rng = np.random.default_rng(5)
+    base = [row for row in synthetic_results.make_rows(batch_sizes=(4,), gammas=(8,), alphas=(0.3,))
+            if row["op"] == "verify" and row["impl"] == "ballot" and row["view"] == "gpu"]
+    (row,) = base
+
+    def timed(center, count, **extra):
+        samples = rng.normal(center, 0.02, count).tolist()
+        return {**row, "samples_us": samples, "median_us": float(np.median(samples)), **extra}
+
+    a = synthetic_results.write(tmp_path / "a.parquet", [timed(10.0, 100, run_id="a")])
+    b_rows = [timed(center, count, run_id="b", placement=copy)
+              for copy, (center, count) in enumerate(((10.0, 100), (10.3, 100), (11.0, 400)))]
+    b = synthetic_results.write(tmp_path / "b.parquet", b_rows)
+    (found,), _ = compare.compare([a], [b], n_boot=1000)
+    assert found.b_us == pytest.approx(10.3, abs=0.02) and found.verdict != "SLOWER"
+    assert found.low < 1.01 and found.high > 1.09
+    pooled = synthetic_results.write(tmp_path / "pooled.parquet", [{**r, "placement": None} for r in b_rows])
+    (naive,), _ = compare.compare([a], [pooled], n_boot=1000)
+    assert naive.verdict == "SLOWER" and naive.b_us == pytest.approx(11.0, abs=0.02)
 
 
 def test_compare_never_matches_graph_rows_timed_by_the_two_graph_methods(tmp_path):

@@ -387,12 +387,12 @@ def _below_floor_note(frame) -> str | None:
 def placements_note(frame) -> str | None:
     """Says that configs were timed on several copies of their workload (`sweep --placements`), that a cell is the
     median of the copies' medians, and how far apart the copies came: the widest spread (max - min over their
-    median) of one implementation's copies in one view. None where no row names a copy."""
+    median) of one implementation's copies in one view and run. None where no row names a copy."""
     pl = require_polars()
     if "placement" not in frame.collect_schema().names():
         return None
     spreads = frame.filter((pl.col("status") == "ok") & pl.col("placement").is_not_null()
-                           & (pl.col("impl") != "launch_floor")).group_by([*CONFIG_KEYS, "impl", "view"]).agg(
+                           & (pl.col("impl") != "launch_floor")).group_by([*CONFIG_KEYS, "run_id", "impl", "view"]).agg(
         pl.col("placement").n_unique().alias("copies"), pl.col("median_us").min().alias("low"),
         pl.col("median_us").max().alias("high"), pl.col("median_us").median().alias("middle")).filter(
         pl.col("copies") > 1).collect()
@@ -484,7 +484,8 @@ def config_label(cell: Cell, varying: set[str]) -> str:
     parts = [f"b={cell.get('batch_size')}", f"γ={cell.get('gamma')}", f"α={cell.get('alpha'):g}"]
     if cell.get("kv_dim"):
         parts.append(f"kv={cell.get('kv_dim')}")
-    for key in ("dist", "token_dtype", "kv_dtype", "vocab_size", "cold_l2", "device", "gpu_name"):
+    # (settings: two sweeps of one config with other timing settings, e.g. --placements, are two cells)
+    for key in ("dist", "token_dtype", "kv_dtype", "vocab_size", "cold_l2", "device", "gpu_name", "settings"):
         if key in varying:
             parts.append(f"{key}={cell.get(key)}")
     return " ".join(parts)

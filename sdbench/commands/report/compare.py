@@ -2,7 +2,8 @@
 
 Configs are matched on everything that defines the work plus implementation and view (not the GPU or
 the run), so A and B may be two builds on one GPU or one build on two GPUs. The interval resamples
-each side's `samples_us` (seeded) and takes the ratio of the resampled medians. A change is flagged
+each side's `samples_us` (seeded) and takes the ratio of the resampled medians. A side timed on several copies of
+its workload (sweep --placements) is the median of its copies' medians, resampled copy by copy and within each. A change is flagged
 only when it is both real (the interval excludes 1) and large enough to matter (|ratio − 1| > threshold).
 Every row gets one verdict, nvbench-style: SLOWER, FASTER, SAME (inside the threshold band, or a real but
 tiny change) or NOISY (the interval is too wide to tell, a sweep flagged the row noisy, or — wall rows — its
@@ -12,14 +13,14 @@ states, and neither the row nor its ratio to the floor compares), with the reaso
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from sdbench.commands.report import ReportTable, Where, apply_where, format_us, require_polars, scan
 from sdbench.errors import SdbenchError
-from sdbench.measure import results, timing
+from sdbench.measure import copies, results, timing
 from sdbench.ops.launch_floor import HOST_STATE_TOLERANCE, HOST_STATE_VIEW, host_state_differs
 
 # Runs are matched across machines and timing settings: the config key without its machine columns and
@@ -55,6 +56,8 @@ class Samples:
     graph_methods: dict[tuple, set[bool]]  # graph keys: True where timed inside the graph (schema v3), False before
     paths: dict[tuple, set]  # each key's launch paths (null before launch_path existed: the custom-op floor)
     floors_us: dict[tuple, list[float]]  # wall keys: the launch floor of each pooled row (its own path's)
+    # keys timed on several copies of their workload (sweep --placements): each row's samples, one array a copy
+    copies: dict[tuple, list[np.ndarray]] = field(default_factory=dict)
 
 
 def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bool = False) -> Samples:
@@ -65,20 +68,23 @@ def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bo
     frame = apply_where(scan(paths), wheres)
     names = frame.collect_schema().names()
     for name, dtype in (("noisy", pl.Boolean), ("calls_per_sample", pl.Int32), ("launch_path", pl.String),
-                        ("floor_drift", pl.Float64), ("host_slowed", pl.Float64)):
+                        ("floor_drift", pl.Float64), ("host_slowed", pl.Float64), ("placement", pl.Int32)):
         if name not in names:  # results from before the column existed
             frame = frame.with_columns(pl.lit(None, dtype=dtype).alias(name))
     frame = frame.filter((pl.col("status") == "ok") & (pl.col("impl") != "launch_floor") & pl.col("median_us").is_not_null())
     if against_floor:
         frame = frame.filter(pl.col("launch_floor_us") > 0)
     table = frame.select(*MATCH_KEYS, "samples_us", "median_us", "noisy", "calls_per_sample", "launch_floor_us",
-                         "launch_path", "floor_drift", "host_slowed").collect()
+                         "launch_path", "floor_drift", "host_slowed", "placement").collect()
     pooled: dict[tuple, list[np.ndarray]] = {}
+    with_copies: set[tuple] = set()
     side = Samples({}, {}, {}, {}, {})
     for row in table.iter_rows(named=True):
         key = tuple(row[name] for name in MATCH_KEYS)
         samples = np.asarray(row["samples_us"] or [row["median_us"]], dtype=float)
         pooled.setdefault(key, []).append(samples / row["launch_floor_us"] if against_floor else samples)
+        if row["placement"] is not None:
+            with_copies.add(key)
         if row["noisy"]:
             side.noisy.setdefault(key, noisy_reason(row))
         if row["view"] == HOST_STATE_VIEW and row["launch_floor_us"]:
@@ -87,6 +93,7 @@ def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bo
             side.graph_methods.setdefault(key, set()).add(row["calls_per_sample"] is not None)
         side.paths.setdefault(key, set()).add(row["launch_path"] or "custom_op")
     side.pooled = {key: np.concatenate(parts) for key, parts in pooled.items()}
+    side.copies = {key: parts for key, parts in pooled.items() if key in with_copies}
     return side
 
 
@@ -125,6 +132,15 @@ def bootstrap_ratio(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_bo
     a_medians = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
     b_medians = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
     ratios = b_medians / a_medians
+    tail = (1.0 - confidence) / 2 * 100
+    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
+
+
+def bootstrap_ratio_of_copies(a: list[np.ndarray], b: list[np.ndarray], rng: np.random.Generator, n_boot: int,
+                              confidence: float) -> tuple[float, float]:
+    """bootstrap_ratio for sides timed on several copies of their workload: the median of the copies' medians,
+    resampled copy by copy and within each copy (sdbench.measure.copies)."""
+    ratios = copies.bootstrap_medians(b, n_boot, rng) / copies.bootstrap_medians(a, n_boot, rng)
     tail = (1.0 - confidence) / 2 * 100
     return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
 
@@ -193,8 +209,13 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
     rng = np.random.default_rng(seed)
     results = []
     for key in shared:
-        a_us, b_us = float(np.median(a[key])), float(np.median(b[key]))
-        low, high = bootstrap_ratio(a[key], b[key], rng, n_boot, confidence)
+        if key in a_side.copies or key in b_side.copies:  # each copy counts once, and so does their spread
+            a_parts, b_parts = a_side.copies.get(key, [a[key]]), b_side.copies.get(key, [b[key]])
+            a_us, b_us = copies.median_of_copies(a_parts), copies.median_of_copies(b_parts)
+            low, high = bootstrap_ratio_of_copies(a_parts, b_parts, rng, n_boot, confidence)
+        else:
+            a_us, b_us = float(np.median(a[key])), float(np.median(b[key]))
+            low, high = bootstrap_ratio(a[key], b[key], rng, n_boot, confidence)
         why_not = (host_state_moved(a_side.floors_us.get(key), b_side.floors_us.get(key), host_tolerance)
                    or _flagged(a_side, b_side, key))
         verdict, why = judge(b_us / a_us, low, high, threshold, why_not)
