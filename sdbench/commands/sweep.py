@@ -105,7 +105,7 @@ class SweepSpec:
     # wall: a config whose floor is this far above the sweep's lowest of its path is measured again at the end
     host_tolerance: float = HOST_STATE_TOLERANCE
     # copies of each config's workload in fresh memory, every implementation timed on each: where the buffers land
-    # moves a copy kernel by up to ~10% on an H200 (docs/results/nvidia-h200/scale-kv/experiments/placement/)
+    # moved the scan kernel's copy by up to 9% on an H200 (docs/results/nvidia-h200/scale-kv/experiments/placement/)
     placements: int = 1
     cold_l2: bool = False
     shard_index: int = 0
