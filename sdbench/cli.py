@@ -352,7 +352,7 @@ def sweep_command(
     min_time: Annotated[float | None, typer.Option(help="wall/graph: sample at least this many seconds per view and config, noisy or not (default 0; at most --max-time).")] = None,
     views: Annotated[str | None, typer.Option(help="Views to measure, e.g. gpu,graph (default: every view of the device: wall, graph, gpu on CUDA).")] = None,
     host_tolerance: Annotated[float | None, typer.Option(help="wall: a config whose launch floor is more than this above the sweep's lowest of its path ran in a slow host state; its wall view is measured again at the end, and flagged noisy if still slow (default 0.15).")] = None,
-    placements: Annotated[int | None, typer.Option(help="Copies of each config's workload, each in fresh memory, every implementation timed on each (rows say which: `placement`); the report, compare and calibrate-tau count each copy once. Where buffers land moved the scan kernel's copy by up to 9% on an H200 (default 1).")] = None,
+    placements: Annotated[int | None, typer.Option(help="Copies of each config's workload, each in fresh memory, every implementation timed on each (rows say which: `placement`); the report, compare and calibrate-tau count each copy once. Where buffers land moved the scan kernel's copy by up to 9% on an H200. Use 3 or more: two copies cannot tell an interval their spread (default 1).")] = None,
     fmt: FormatOption = "table",
 ) -> None:
     """Time every implementation over a grid (parity first) and write parquet rows per config and view.

@@ -314,6 +314,44 @@ def test_compare_reads_copies_of_a_workload_one_vote_each_with_their_spread(tmp_
     assert naive.verdict == "SLOWER" and naive.b_us == pytest.approx(11.0, abs=0.02)
 
 
+def test_compare_one_copy_against_several_borrows_their_spread(tmp_path):
+    """A timed once at 10.6 µs (one placement, its offset unknown) against B on copies at 9.5, 10.0 and 10.5: A's
+    interval takes B's spread between copies, so a 6% gap no larger than that spread is not called FASTER."""
+    rng = np.random.default_rng(9)
+    (row,) = [row for row in synthetic_results.make_rows(batch_sizes=(4,), gammas=(8,), alphas=(0.3,))
+              if row["op"] == "verify" and row["impl"] == "ballot" and row["view"] == "gpu"]
+
+    def timed(center, **extra):
+        samples = rng.normal(center, 0.01, 100).tolist()
+        return {**row, "samples_us": samples, "median_us": float(np.median(samples)), **extra}
+
+    a = synthetic_results.write(tmp_path / "a.parquet", [timed(10.6, run_id="a")])
+    b = synthetic_results.write(tmp_path / "b.parquet", [timed(center, run_id="b", placement=copy)
+                                                         for copy, center in enumerate((9.5, 10.0, 10.5))])
+    (found,), _ = compare.compare([a], [b], n_boot=2000)
+    assert found.verdict != "FASTER" and found.high > 1.0, (found.low, found.high, found.verdict)
+
+
+def test_compare_of_one_copy_a_side_is_the_plain_interval_draw_for_draw(tmp_path):
+    """Rows tagged as copy 0 on both sides (sweep --placements with one copy surviving) give the same numbers as the
+    same rows untagged: the copies' path reduces to the plain bootstrap."""
+    rows = [row for row in synthetic_results.make_rows(batch_sizes=(4,), gammas=(8,), alphas=(0.3,))
+            if row["op"] == "verify" and row["impl"] == "ballot"]
+    a = synthetic_results.write(tmp_path / "a.parquet", [{**row, "run_id": "a"} for row in rows])
+    b = synthetic_results.write(tmp_path / "b.parquet", [{**row, "run_id": "b", "median_us": row["median_us"] * 1.1,
+                                                          "samples_us": [v * 1.1 for v in row["samples_us"]]}
+                                                         for row in rows])
+    a0 = synthetic_results.write(tmp_path / "a0.parquet", [{**row, "run_id": "a", "placement": 0} for row in rows])
+    b0 = synthetic_results.write(tmp_path / "b0.parquet", [{**row, "run_id": "b", "placement": 0,
+                                                            "median_us": row["median_us"] * 1.1,
+                                                            "samples_us": [v * 1.1 for v in row["samples_us"]]}
+                                                           for row in rows])
+    plain, _ = compare.compare([a], [b], n_boot=300)
+    tagged, _ = compare.compare([a0], [b0], n_boot=300)
+    assert [(c.a_us, c.b_us, c.low, c.high, c.verdict) for c in plain] == [
+        (c.a_us, c.b_us, c.low, c.high, c.verdict) for c in tagged]
+
+
 def test_compare_never_matches_graph_rows_timed_by_the_two_graph_methods(tmp_path):
     """Graph rows from before schema v3 (one replay, launch latency in it) against rows timed inside the graph
     (calls_per_sample set) are left out with a note; the other views still compare, and two new runs match."""

@@ -38,4 +38,42 @@ def test_relative_error_says_when_it_cannot_tell():
     assert copies.relative_error([np.array([1.0])]) is None
     assert copies.relative_error([]) is None
     assert copies.relative_error([np.zeros(10)]) is None
-    assert copies.relative_error([np.full(10, 2.0), np.full(10, 2.0)]) == 0.0
+    assert copies.relative_error([np.full(10, 2.0), np.full(10, 2.0)]) is None  # no spread: the rows' noise is better
+
+
+def test_copies_of_one_sample_still_give_their_spread():
+    """Copies that kept only their median (one sample each) still differ by placement: the error holds that."""
+    medians_only = [np.array([10.0]), np.array([10.5]), np.array([11.0])]
+    assert copies.relative_error(medians_only) > 0.01
+
+
+def test_identical_copies_err_wide_never_narrow():
+    """Four copies that do not differ, each with wide sampling noise: the bootstrap's interval is at least the true
+    spread of the median of their medians (simulated), and at most about twice it (the documented widening)."""
+    rng = np.random.default_rng(4)
+    same = [rng.normal(10.0, 1.0, 50) for _ in range(4)]
+
+    def width(values):
+        return float(np.subtract(*np.percentile(values, [97.5, 2.5])))
+
+    truth = width([np.median(np.median(rng.normal(10.0, 1.0, (4, 50)), axis=1)) for _ in range(4000)])
+    booted = width(copies.bootstrap_medians(same, 4000, np.random.default_rng(0)))
+    assert 0.9 * truth <= booted <= 2.2 * truth
+
+
+def test_one_copy_beside_several_borrows_their_spread():
+    """One copy at 10.0 (tight) against copies at 9.5, 10.0 and 10.5: the one copy's replicates spread like the
+    others' copies, not like its own samples; beside a single copy, nothing is borrowed."""
+    rng = np.random.default_rng(6)
+    one = [rng.normal(10.0, 0.01, 100)]
+    several = [rng.normal(center, 0.01, 100) for center in (9.5, 10.0, 10.5)]
+    borrowed = copies.bootstrap_medians_borrowing(one, several, 2000, np.random.default_rng(0))
+    low, high = np.percentile(borrowed, [2.5, 97.5])
+    assert low < 9.6 and high > 10.4
+    alone = copies.bootstrap_medians_borrowing(one, [rng.normal(10.0, 0.01, 100)], 500, np.random.default_rng(0))
+    assert np.array_equal(alone, copies.bootstrap_medians(one, 500, np.random.default_rng(0)))
+
+
+def test_a_copy_without_samples_is_refused():
+    with pytest.raises(ValueError, match="at least one sample"):
+        copies.median_of_copies([np.array([1.0]), np.array([])])

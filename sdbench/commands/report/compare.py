@@ -3,7 +3,8 @@
 Configs are matched on everything that defines the work plus implementation and view (not the GPU or
 the run), so A and B may be two builds on one GPU or one build on two GPUs. The interval resamples
 each side's `samples_us` (seeded) and takes the ratio of the resampled medians. A side timed on several copies of
-its workload (sweep --placements) is the median of its copies' medians, resampled copy by copy and within each. A change is flagged
+its workload (sweep --placements) is the median of its copies' medians, resampled copy by copy and within each;
+then every row of either side counts as a copy, and a side of one copy borrows the other's spread between copies. A change is flagged
 only when it is both real (the interval excludes 1) and large enough to matter (|ratio − 1| > threshold).
 Every row gets one verdict, nvbench-style: SLOWER, FASTER, SAME (inside the threshold band, or a real but
 tiny change) or NOISY (the interval is too wide to tell, a sweep flagged the row noisy, or — wall rows — its
@@ -56,8 +57,8 @@ class Samples:
     graph_methods: dict[tuple, set[bool]]  # graph keys: True where timed inside the graph (schema v3), False before
     paths: dict[tuple, set]  # each key's launch paths (null before launch_path existed: the custom-op floor)
     floors_us: dict[tuple, list[float]]  # wall keys: the launch floor of each pooled row (its own path's)
-    # keys timed on several copies of their workload (sweep --placements): each row's samples, one array a copy
-    copies: dict[tuple, list[np.ndarray]] = field(default_factory=dict)
+    rows: dict[tuple, list[np.ndarray]] = field(default_factory=dict)  # each key's rows' samples, one array a row
+    copies: set[tuple] = field(default_factory=set)  # keys with rows that are copies of a workload (sweep --placements)
 
 
 def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bool = False) -> Samples:
@@ -93,7 +94,7 @@ def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bo
             side.graph_methods.setdefault(key, set()).add(row["calls_per_sample"] is not None)
         side.paths.setdefault(key, set()).add(row["launch_path"] or "custom_op")
     side.pooled = {key: np.concatenate(parts) for key, parts in pooled.items()}
-    side.copies = {key: parts for key, parts in pooled.items() if key in with_copies}
+    side.rows, side.copies = pooled, with_copies
     return side
 
 
@@ -138,9 +139,11 @@ def bootstrap_ratio(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_bo
 
 def bootstrap_ratio_of_copies(a: list[np.ndarray], b: list[np.ndarray], rng: np.random.Generator, n_boot: int,
                               confidence: float) -> tuple[float, float]:
-    """bootstrap_ratio for sides timed on several copies of their workload: the median of the copies' medians,
-    resampled copy by copy and within each copy (sdbench.measure.copies)."""
-    ratios = copies.bootstrap_medians(b, n_boot, rng) / copies.bootstrap_medians(a, n_boot, rng)
+    """bootstrap_ratio for sides timed on several copies of their workload (every row of either side a copy): the
+    median of the copies' medians, resampled copy by copy and within each copy; a side of one copy borrows the
+    other side's spread between copies (sdbench.measure.copies). A first, then B, as bootstrap_ratio draws."""
+    a_medians = copies.bootstrap_medians_borrowing(a, b, n_boot, rng)
+    ratios = copies.bootstrap_medians_borrowing(b, a, n_boot, rng) / a_medians
     tail = (1.0 - confidence) / 2 * 100
     return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
 
@@ -209,8 +212,8 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
     rng = np.random.default_rng(seed)
     results = []
     for key in shared:
-        if key in a_side.copies or key in b_side.copies:  # each copy counts once, and so does their spread
-            a_parts, b_parts = a_side.copies.get(key, [a[key]]), b_side.copies.get(key, [b[key]])
+        if key in a_side.copies or key in b_side.copies:  # each copy (row) counts once, and so does their spread
+            a_parts, b_parts = a_side.rows[key], b_side.rows[key]
             a_us, b_us = copies.median_of_copies(a_parts), copies.median_of_copies(b_parts)
             low, high = bootstrap_ratio_of_copies(a_parts, b_parts, rng, n_boot, confidence)
         else:
