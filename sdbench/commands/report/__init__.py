@@ -395,7 +395,7 @@ def placements_note(frame) -> str | None:
                            & (pl.col("impl") != "launch_floor")).group_by([*CONFIG_KEYS, "run_id", "impl", "view"]).agg(
         pl.col("placement").n_unique().alias("copies"), pl.col("median_us").min().alias("low"),
         pl.col("median_us").max().alias("high"), pl.col("median_us").median().alias("middle")).filter(
-        pl.col("copies") > 1).collect()
+        (pl.col("copies") > 1) & (pl.col("middle") > 0)).collect()
     if spreads.height == 0:
         return None
     rows = spreads.to_dicts()
