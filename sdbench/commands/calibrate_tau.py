@@ -122,8 +122,6 @@ def _percentile_sorted(values: np.ndarray, q: float) -> float:
 def _bootstrap_medians(samples: list[np.ndarray], median: float, n_boot: int,
                        rng: np.random.Generator) -> np.ndarray:
     """Bootstrap replicates of a median from its samples (`_pooled`'s: one array, or one a copy)."""
-    if isinstance(samples, np.ndarray):  # (one pooled array, as PairPoint held before copies)
-        samples = [samples]
     if not samples or (len(samples) == 1 and samples[0].size < 2):
         return np.full(n_boot, median)
     return copies.bootstrap_medians(samples, n_boot, rng)

@@ -24,10 +24,14 @@ def _checked(copies: Sequence[np.ndarray]) -> None:
         raise ValueError("every copy needs at least one sample (a row's samples_us, or its median alone)")
 
 
+def _medians(copies: Sequence[np.ndarray]) -> np.ndarray:
+    _checked(copies)
+    return np.array([np.median(samples) for samples in copies])
+
+
 def median_of_copies(copies: Sequence[np.ndarray]) -> float:
     """The median of each copy's median (one copy: its median)."""
-    _checked(copies)
-    return float(np.median([np.median(samples) for samples in copies]))
+    return float(np.median(_medians(copies)))
 
 
 def bootstrap_medians(copies: Sequence[np.ndarray], n_boot: int, rng: np.random.Generator) -> np.ndarray:
@@ -53,7 +57,7 @@ def bootstrap_medians_borrowing(copies: Sequence[np.ndarray], spread_of: Sequenc
     own = bootstrap_medians(copies, n_boot, rng)
     if len(copies) > 1 or len(spread_of) < 2:
         return own
-    medians = np.array([np.median(samples) for samples in spread_of])
+    medians = _medians(spread_of)
     offsets = medians / np.median(medians)
     return own * offsets[rng.integers(0, offsets.size, size=n_boot)]
 
@@ -62,7 +66,7 @@ def relative_error(copies: Sequence[np.ndarray], n_boot: int = 400, seed: int = 
     """The relative standard error of median_of_copies, from its bootstrap (seeded: the same rows give the same
     number). None where it cannot be told: one copy of fewer than two samples, a median that is not positive, or no
     spread at all (every replicate equal: the rows' own noise is the better guess)."""
-    if not copies or any(samples.size == 0 for samples in copies) or len(copies) == 1 and copies[0].size < 2:
+    if not copies or any(samples.size == 0 for samples in copies) or (len(copies) == 1 and copies[0].size < 2):
         return None
     middle = median_of_copies(copies)
     if not middle > 0:

@@ -127,21 +127,11 @@ def host_state_moved(a_floors_us: list[float] | None, b_floors_us: list[float] |
     return f"launch floor moved {b_us / a_us - 1:+.0%} ({a_us:.1f} → {b_us:.1f} µs): host state differs between runs"
 
 
-def bootstrap_ratio(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_boot: int,
+def bootstrap_ratio(a: list[np.ndarray], b: list[np.ndarray], rng: np.random.Generator, n_boot: int,
                     confidence: float) -> tuple[float, float]:
-    """Percentile interval of median(b*) / median(a*) over bootstrap resamples."""
-    a_medians = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
-    b_medians = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
-    ratios = b_medians / a_medians
-    tail = (1.0 - confidence) / 2 * 100
-    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
-
-
-def bootstrap_ratio_of_copies(a: list[np.ndarray], b: list[np.ndarray], rng: np.random.Generator, n_boot: int,
-                              confidence: float) -> tuple[float, float]:
-    """bootstrap_ratio for sides timed on several copies of their workload (every row of either side a copy): the
-    median of the copies' medians, resampled copy by copy and within each copy; a side of one copy borrows the
-    other side's spread between copies (sdbench.measure.copies). A first, then B, as bootstrap_ratio draws."""
+    """Percentile interval of B's resampled median over A's, each side one array of pooled samples or one array a
+    copy of its workload (sdbench.measure.copies: one array is the plain one-level bootstrap; several are resampled
+    copy by copy and within each, and a side of one copy beside several borrows their spread). A is drawn first."""
     a_medians = copies.bootstrap_medians_borrowing(a, b, n_boot, rng)
     ratios = copies.bootstrap_medians_borrowing(b, a, n_boot, rng) / a_medians
     tail = (1.0 - confidence) / 2 * 100
@@ -212,13 +202,11 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
     rng = np.random.default_rng(seed)
     results = []
     for key in shared:
-        if key in a_side.copies or key in b_side.copies:  # each copy (row) counts once, and so does their spread
-            a_parts, b_parts = a_side.rows[key], b_side.rows[key]
-            a_us, b_us = copies.median_of_copies(a_parts), copies.median_of_copies(b_parts)
-            low, high = bootstrap_ratio_of_copies(a_parts, b_parts, rng, n_boot, confidence)
-        else:
-            a_us, b_us = float(np.median(a[key])), float(np.median(b[key]))
-            low, high = bootstrap_ratio(a[key], b[key], rng, n_boot, confidence)
+        # copies of a workload on either side: every row of both a copy, counting once; else each side's pooled runs
+        with_copies = key in a_side.copies or key in b_side.copies
+        a_parts, b_parts = (a_side.rows[key], b_side.rows[key]) if with_copies else ([a[key]], [b[key]])
+        a_us, b_us = copies.median_of_copies(a_parts), copies.median_of_copies(b_parts)
+        low, high = bootstrap_ratio(a_parts, b_parts, rng, n_boot, confidence)
         why_not = (host_state_moved(a_side.floors_us.get(key), b_side.floors_us.get(key), host_tolerance)
                    or _flagged(a_side, b_side, key))
         verdict, why = judge(b_us / a_us, low, high, threshold, why_not)
