@@ -272,9 +272,17 @@ def test_gpu_view_warm_means_the_callables_own_data_in_l2():
     evicting = torch.ones(2 * l2 // 4, device=DEVICE)
     callables = {"evict": lambda: evicting.add_(1.0), "read": lambda: source.sum()}  # "read" follows "evict"
     options = dict(warmup=2, iters=10, gpu_iters=10, views=("gpu",))
-    warm = timing.measure(callables, DEVICE, timing.TimingOptions(**options))["read"]["gpu"].stats.median_us
-    cold = timing.measure(callables, DEVICE, timing.TimingOptions(cold_l2=True, **options))["read"]["gpu"].stats.median_us
-    assert warm < 0.8 * cold, (warm, cold)
+    # Under `make gpu-test` other pytest-xdist workers share the GPU, and their kernels can evict the L2 between
+    # "read"'s priming call and its timed one (seen on an H200: warm 11.4 µs against cold 13.8). A warm read that
+    # never comes in under 0.8 × cold in three tries is the failure this test is for; one that does once is not.
+    tries = []
+    for _ in range(3):
+        warm = timing.measure(callables, DEVICE, timing.TimingOptions(**options))["read"]["gpu"].stats.median_us
+        cold = timing.measure(callables, DEVICE, timing.TimingOptions(cold_l2=True, **options))["read"]["gpu"].stats.median_us
+        tries.append((warm, cold))
+        if warm < 0.8 * cold:
+            break
+    assert tries[-1][0] < 0.8 * tries[-1][1], tries
 
 
 def test_cold_l2_is_clean():
