@@ -623,6 +623,20 @@ def test_fused_table_counts_ties_with_the_best_two_step(gpu_report):
     assert f"at {ties} of {len(grid)} configs" in note and 0 < ties < len(grid)
 
 
+@pytest.mark.parametrize("view, fused, two_step, rest", [
+    ("graph", 11.0, 30.0, 60.0), ("gpu", 3.0, 8.0, 30.0)])
+def test_fused_table_counts_ties_in_the_gpu_and_graph_views_too(gpu_report, view, fused, two_step, rest):
+    """Issue #17's bar is in GPU time and in the graph view: beside the primary (wall) view's count, each of the two
+    gets its own, by hand from the synthetic models of that view."""
+    grid = [(b, g, a, kv) for b in (4, 32) for g in (8, 64, 128) for a in (0.3, 0.6, 0.9) for kv in (128, 2048)]
+    sizes = [int(b * g * a * kv * 2) for b, g, a, kv in grid]
+    ratios = [(fused + x / 90e3) / min(two_step + x / 2.5e6, rest + x / 2.0e3) for x in sizes]
+    notes = [note for note in _table(gpu_report, "Fused").notes if note.startswith(f"{view} view: fused_single_block")]
+    assert notes == [f"{view} view: fused_single_block ≤ 1.03 × the best two-step at {sum(r <= 1.03 for r in ratios)} of "
+                     f"{len(grid)} configs (worst {max(ratios):.2f}×)"]
+    assert 0 < sum(r <= 1.03 for r in ratios) < len(grid)
+
+
 # --- plots a reader can read -------------------------------------------------------------------------
 def _labelled_ticks(axis, which: str) -> list[str]:
     """The tick labels a reader sees on one axis (inside its limits, non-empty); the figure is drawn."""
