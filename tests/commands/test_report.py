@@ -637,6 +637,26 @@ def test_fused_table_counts_ties_in_the_gpu_and_graph_views_too(gpu_report, view
     assert 0 < sum(r <= 1.03 for r in ratios) < len(grid)
 
 
+def test_fused_table_counts_a_view_once_when_it_is_the_tables_own(gpu_results):
+    """With --view graph the table's own notes are the graph view's; only the gpu view gets a prefixed count."""
+    notes = _table(report.build_report([gpu_results], view="graph"), "Fused vs two-step").notes
+    assert not [note for note in notes if note.startswith("graph view:")]
+    assert len([note for note in notes if note.startswith("gpu view: fused_single_block ≤ 1.03")]) == 1
+    assert len([note for note in notes if note.startswith("fused_single_block ≤ 1.03")]) == 1
+
+
+def test_fused_table_says_when_a_view_holds_no_pair(tmp_path):
+    """A view where no config holds both kinds says so, rather than leaving the count out."""
+    rows = synthetic_results.make_rows({("verify_pack", "fused"): lambda c, v: 5.0,
+                                        ("verify_pack", "ballot+pack_cuda"): lambda c, v: 6.0},
+                                       batch_sizes=(4,), gammas=(8,), alphas=(0.9,), kv_dims=(128,), views=("wall", "gpu"))
+    rows = [row for row in rows if not (row["view"] == "gpu" and row["impl"] == "ballot+pack_cuda")]
+    built = report.build_report([synthetic_results.write(tmp_path / "part.parquet", rows)])
+    notes = _table(built, "Fused vs two-step").notes
+    assert "gpu view: no config holds both a fused kernel and a two-step pipeline" in notes
+    assert "fused ≤ 1.03 × the best two-step at 1 of 1 configs (worst 0.83×)" in notes
+
+
 # --- plots a reader can read -------------------------------------------------------------------------
 def _labelled_ticks(axis, which: str) -> list[str]:
     """The tick labels a reader sees on one axis (inside its limits, non-empty); the figure is drawn."""

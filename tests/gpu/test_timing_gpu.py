@@ -282,7 +282,7 @@ def test_gpu_view_warm_means_the_callables_own_data_in_l2():
         tries.append((warm, cold))
         if warm < 0.8 * cold:
             break
-    assert tries[-1][0] < 0.8 * tries[-1][1], tries
+    assert min(warm / cold for warm, cold in tries) < 0.8, tries
 
 
 def test_cold_l2_is_clean():
