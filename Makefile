@@ -46,7 +46,7 @@ test: install
 # GPU_TEST_JOBS workers on the one GPU: 1844 passed in 350 s with 4 (H100, 2026-11-27). GPU_TEST_JOBS=0: serial,
 # e.g. to rule out the other workers when a timing-ratio or profiler test fails (they share the GPU under xdist). On the
 # H200 (2026-11-29) a serial run of one test of tests/gpu/test_timing_gpu.py passed in 36 s and its process was still
-# alive 84 s later, when it was killed (faulthandler printed nothing: inside interpreter shutdown); two serial runs before
+# alive 84 s later, when it was killed (faulthandler printed nothing: perhaps inside interpreter shutdown); two serial runs before
 # it printed nothing in 200 s and 560 s. Under xdist the same tests end. Bound a serial run with `timeout`.
 GPU_TESTS ?= tests
 GPU_TEST_JOBS ?= 4
