@@ -24,7 +24,9 @@ alive) and times every name on every copy in the same rotation: where the buffer
 cold and 1.7 warm at 8 KB rows on an H200 (docs/results/nvidia-h200/scale-kv/experiments/placement/), which one copy
 cannot tell from a variant's effect. A row's `<view>_us` is then the median over the copies of each copy's median,
 `<view>_spread_us` the copies' [min, max], and `<view>_by_copy_us` every copy's median ("fused#2": copy 2).
-N copies take N times the workload's memory: a point they do not fit stops the tool with a message saying so.
+N copies take N times the workload's memory (each name's outputs included): a point where fewer fit is timed on as
+many as fit, its row's `placements` saying how many, and a point where not one fits is skipped; a line says which.
+--out is rewritten after every point, so a run stopped part way (a device call's time limit) keeps what it finished.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -44,6 +48,7 @@ from sdbench.ops.verify_pack.scan_impls import prepare_fused_scan
 from sdbench.ops.workload import VerifyConfig
 
 PEERS = ("fused", "ballot+pack_cuda", "ballot+pack_scan")
+T = TypeVar("T")
 
 
 def tiling(variant: str) -> dict[str, int]:
@@ -94,6 +99,19 @@ def over_placements(medians: dict[str, float]) -> tuple[dict[str, float], dict[s
             {name: (min(values), max(values)) for name, values in by_name.items()})
 
 
+def copies_that_fit(wanted: int, build: Callable[[], T]) -> list[T]:
+    """Up to `wanted` results of build(), all alive at once, stopping at the first that runs out of GPU memory (what it
+    had allocated is freed, so the copies kept still have room to run). Empty when not even one fits."""
+    built: list[T] = []
+    for _ in range(wanted):
+        try:
+            built.append(build())
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            break
+    return built
+
+
 def parse_points(text: str) -> list[VerifyConfig]:
     points = []
     for item in text.split(","):
@@ -125,52 +143,67 @@ def main(argv: list[str] | None = None) -> int:
     floor = launch_floor("cuda")  # an empty kernel, timed in every rotation: the floor of the same run
     rows = []
     for cfg in parse_points(args.points):
-        # every copy stays alive until the point is done, so each lands in memory of its own
-        try:
-            workloads = [make_workload("verify_pack", cfg, "cuda") for _ in range(args.placements)]
-        except torch.cuda.OutOfMemoryError as err:
-            raise SystemExit(f"{cfg.batch_size}:{cfg.gamma}:{cfg.alpha:g}:{cfg.kv_dim}: {args.placements} copies of "
-                             f"the workload do not fit this GPU's memory (--placements): {err}") from None
-        expected = verify_pack(workloads[0].draft_tokens, workloads[0].target_tokens, workloads[0].draft_kv)
+        point = f"{cfg.batch_size}:{cfg.gamma}:{cfg.alpha:g}:{cfg.kv_dim}"
+
+        # The reference first, on a workload of its own freed before the copies are built: the copies then have all
+        # the memory, and hold the same data (a workload is a function of its config and seed).
+        reference = make_workload("verify_pack", cfg, "cuda")
+        expected = verify_pack(reference.draft_tokens, reference.target_tokens, reference.draft_kv)
         total = int(expected["accepted_lengths"].sum())
+        accepted_bytes = total * cfg.kv_dim * reference.draft_kv.element_size()
+        del reference
+        torch.cuda.empty_cache()
+
+        def one_copy(cfg=cfg):
+            """A copy of the point's workload with every name prepared on it (each name's outputs allocated)."""
+            workload = make_workload("verify_pack", cfg, "cuda")
+            return ({peer.name: peer.prepare(workload) for peer in peers},
+                    {f"fused_scan[{variant}]": prepare_fused_scan(workload, **changes[variant]) for variant in variants})
+
+        # every copy stays alive until the point is done, so each lands in memory of its own
+        copies = copies_that_fit(args.placements, one_copy)
+        if len(copies) < args.placements:
+            print(f"{point}: {len(copies)} of {args.placements} copies of the workload fit this GPU's memory"
+                  + (": timed on those" if copies else ": skipped"), flush=True)
+        if not copies:
+            continue
+        placements = len(copies)
         runs = {}
-        for copy, workload in enumerate(workloads):
-            tag = placement_tag(copy, args.placements)
-            runs.update({f"{peer.name}{tag}": peer.prepare(workload) for peer in peers})
+        for copy, (peer_runs, variant_runs) in enumerate(copies):
+            tag = placement_tag(copy, placements)
+            runs.update({f"{name}{tag}": run for name, run in peer_runs.items()})
             if copy == 0 and floor.run is not None:  # (the rotation's order with one copy is the tool's as before)
                 runs["launch floor"] = floor.run
-            for variant in variants:
-                run = prepare_fused_scan(workload, **changes[variant])
+            for name, run in variant_runs.items():
                 out = run()  # checked on every copy: the copies hold the same data, in other memory
-                for name in ("accepted_lengths", "has_mismatch", "next_tokens", "packed_offsets"):
-                    assert torch.equal(out[name], expected[name]), f"{variant}: {name} differs from the reference"
-                assert torch.equal(out["packed_kv"][:total], expected["packed_kv"][:total]), f"{variant}: packed_kv"
-                runs[f"fused_scan[{variant}]{tag}"] = run
-        accepted_bytes = total * cfg.kv_dim * workloads[0].draft_kv.element_size()
+                for key in ("accepted_lengths", "has_mismatch", "next_tokens", "packed_offsets"):
+                    assert torch.equal(out[key], expected[key]), f"{name}: {key} differs from the reference"
+                assert torch.equal(out["packed_kv"][:total], expected["packed_kv"][:total]), f"{name}: packed_kv"
+                runs[f"{name}{tag}"] = run
         for l2 in args.l2.split(","):
             options = timing.TimingOptions(warmup=5, iters=args.iters, gpu_iters=args.iters, cold_l2=l2 == "cold",
                                            views=views)
             result = timing.measure(runs, "cuda", options)
             row = {"batch": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha, "kv_dim": cfg.kv_dim, "l2": l2,
-                   "accepted_kv_bytes": accepted_bytes, "placements": args.placements}
+                   "accepted_kv_bytes": accepted_bytes, "placements": placements}
             for view in views:
                 medians = {name: by_view[view].stats.median_us for name, by_view in result.items()
                            if by_view[view].stats is not None}
                 row[f"{view}_us"], spreads = over_placements(medians)
-                if args.placements > 1:
+                if placements > 1:
                     row[f"{view}_spread_us"] = spreads
                     row[f"{view}_by_copy_us"] = medians
                 cells = "  ".join(f"{name} {value:.2f}" + (f" [{spreads[name][0]:.2f}-{spreads[name][1]:.2f}]"
-                                                             if args.placements > 1 and name in spreads else "")
+                                                             if placements > 1 and name in spreads else "")
                                   for name, value in row[f"{view}_us"].items())
                 print(f"b={cfg.batch_size} γ={cfg.gamma} α={cfg.alpha:g} kv={cfg.kv_dim} {l2} {view} "
                       f"{accepted_bytes / 1e6:.2f} MB: {cells}", flush=True)
             rows.append(row)
-        del workloads, runs
+        del copies, runs, expected
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(rows, handle, indent=1)
+        if args.out:
+            with open(args.out, "w") as handle:
+                json.dump(rows, handle, indent=1)
     return 0
 
 

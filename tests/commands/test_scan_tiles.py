@@ -1,6 +1,7 @@
 """The scan_tiles benchmark's variant and point parsers (the GPU timing itself runs on a GPU only)."""
 
 import pytest
+import torch
 
 from sdbench.commands import scan_tiles
 from sdbench.ops.workload import VerifyConfig
@@ -56,3 +57,27 @@ def test_placements_must_be_at_least_one(placements, capsys):
     with pytest.raises(SystemExit):
         scan_tiles.main(["--points", "1:4:0.5:64", "--placements", placements])
     assert "--placements takes a count of at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("wanted, fits, kept", [(4, 4, 4), (4, 2, 2), (4, 0, 0), (1, 3, 1)])
+def test_copies_stop_at_the_first_that_runs_out_of_memory(wanted, fits, kept):
+    """--placements N where fewer copies fit: the tool keeps those that did (a point none fits is skipped), and asks
+    for no copy past the first that failed."""
+    calls = []
+
+    def build():
+        calls.append(len(calls))
+        if len(calls) > fits:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (planted)")
+        return len(calls) - 1
+
+    assert scan_tiles.copies_that_fit(wanted, build) == list(range(kept))
+    assert len(calls) == min(wanted, fits + 1)
+
+
+def test_copies_let_other_errors_through():
+    def build():
+        raise ValueError("not a memory error")
+
+    with pytest.raises(ValueError):
+        scan_tiles.copies_that_fit(2, build)
