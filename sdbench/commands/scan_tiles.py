@@ -99,16 +99,25 @@ def over_placements(medians: dict[str, float]) -> tuple[dict[str, float], dict[s
             {name: (min(values), max(values)) for name, values in by_name.items()})
 
 
-def copies_that_fit(wanted: int, build: Callable[[], T]) -> list[T]:
-    """Up to `wanted` results of build(), all alive at once, stopping at the first that runs out of GPU memory (what it
-    had allocated is freed, so the copies kept still have room to run). Empty when not even one fits."""
+def copies_that_fit(wanted: int, build: Callable[[], T], reserve_bytes: int = 0) -> list[T]:
+    """Up to `wanted` results of build(), all alive at once, stopping at the first that runs out of GPU memory. Empty
+    when not even one fits. reserve_bytes stay allocated while the copies are built and are freed after, so what runs
+    next (the checks, the L2 flush, graph capture, the profiler) has at least that much room."""
     built: list[T] = []
+    try:
+        reserve = torch.empty(reserve_bytes, dtype=torch.uint8, device="cuda") if reserve_bytes else None
+    except torch.cuda.OutOfMemoryError:
+        return built
+    ran_out = False
     for _ in range(wanted):
         try:
             built.append(build())
         except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
+            ran_out = True  # the failed copy's buffers live on in the traceback until the handler is left
             break
+    if reserve is not None or ran_out:
+        del reserve
+        torch.cuda.empty_cache()  # outside the handler, so the failed copy's buffers go back to the driver too
     return built
 
 
@@ -118,6 +127,82 @@ def parse_points(text: str) -> list[VerifyConfig]:
         batch, gamma, alpha, kv_dim = item.split(":")
         points.append(VerifyConfig(batch_size=int(batch), gamma=int(gamma), alpha=float(alpha), kv_dim=int(kv_dim)))
     return points
+
+
+# Room kept free while a point's copies are built, beyond the checks' own need (torch.equal's temporary of the packed
+# rows) and the cold-L2 flush buffer: graph capture, the profiler's buffers and kernel modules loaded at first launch.
+COPY_HEADROOM_BYTES = 512 * 2**20
+
+
+def time_point(cfg: VerifyConfig, args, views: tuple[str, ...], peers, changes: dict[str, dict[str, int]],
+               floor) -> list[dict]:
+    """One point's rows (one per L2 state), every name timed on as many of --placements copies as fit; none when the
+    point does not fit once. A function of its own, so every buffer of the point is freed when it returns."""
+    point = f"{cfg.batch_size}:{cfg.gamma}:{cfg.alpha:g}:{cfg.kv_dim}"
+    variants = list(changes)
+    # The reference first, on a workload of its own freed before the copies are built: the copies then have the
+    # memory, and hold the same data (a workload is a function of its config and seed).
+    try:
+        reference = make_workload("verify_pack", cfg, "cuda")
+        expected = verify_pack(reference.draft_tokens, reference.target_tokens, reference.draft_kv)
+    except torch.cuda.OutOfMemoryError:
+        print(f"{point}: the workload does not fit this GPU's memory: skipped", flush=True)
+        return []
+    total = int(expected["accepted_lengths"].sum())
+    accepted_bytes = total * cfg.kv_dim * reference.draft_kv.element_size()
+    del reference
+    torch.cuda.empty_cache()
+
+    def one_copy():
+        """A copy of the point's workload with every name prepared on it (each name's outputs allocated)."""
+        workload = make_workload("verify_pack", cfg, "cuda")
+        return ({peer.name: peer.prepare(workload) for peer in peers},
+                {f"fused_scan[{variant}]": prepare_fused_scan(workload, **changes[variant]) for variant in variants})
+
+    l2_bytes = getattr(torch.cuda.get_device_properties("cuda"), "L2_cache_size", 0) or 64 * 2**20
+    reserve = total * cfg.kv_dim + 2 * l2_bytes + COPY_HEADROOM_BYTES  # torch.equal's bool temporary: a byte an element
+    # every copy stays alive until the point is done, so each lands in memory of its own
+    copies = copies_that_fit(args.placements, one_copy, reserve)
+    if len(copies) < args.placements:
+        print(f"{point}: {len(copies)} of {args.placements} copies of the workload fit this GPU's memory"
+              + (": timed on those" if copies else ": skipped"), flush=True)
+    if not copies:
+        return []
+    placements = len(copies)
+    runs = {}
+    for copy, (peer_runs, variant_runs) in enumerate(copies):
+        tag = placement_tag(copy, placements)
+        runs.update({f"{name}{tag}": run for name, run in peer_runs.items()})
+        if copy == 0 and floor.run is not None:  # (the rotation's order with one copy is the tool's as before)
+            runs["launch floor"] = floor.run
+        for name, run in variant_runs.items():
+            out = run()  # checked on every copy: the copies hold the same data, in other memory
+            for key in ("accepted_lengths", "has_mismatch", "next_tokens", "packed_offsets"):
+                assert torch.equal(out[key], expected[key]), f"{name}: {key} differs from the reference"
+            assert torch.equal(out["packed_kv"][:total], expected["packed_kv"][:total]), f"{name}: packed_kv"
+            runs[f"{name}{tag}"] = run
+    del expected  # the reference's packed rows are the size of the accepted KV
+    rows = []
+    for l2 in args.l2.split(","):
+        options = timing.TimingOptions(warmup=5, iters=args.iters, gpu_iters=args.iters, cold_l2=l2 == "cold",
+                                       views=views)
+        result = timing.measure(runs, "cuda", options)
+        row = {"batch": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha, "kv_dim": cfg.kv_dim, "l2": l2,
+               "accepted_kv_bytes": accepted_bytes, "placements": placements}
+        for view in views:
+            medians = {name: by_view[view].stats.median_us for name, by_view in result.items()
+                       if by_view[view].stats is not None}
+            row[f"{view}_us"], spreads = over_placements(medians)
+            if placements > 1:
+                row[f"{view}_spread_us"] = spreads
+                row[f"{view}_by_copy_us"] = medians
+            cells = "  ".join(f"{name} {value:.2f}" + (f" [{spreads[name][0]:.2f}-{spreads[name][1]:.2f}]"
+                                                         if placements > 1 and name in spreads else "")
+                              for name, value in row[f"{view}_us"].items())
+            print(f"b={cfg.batch_size} γ={cfg.gamma} α={cfg.alpha:g} kv={cfg.kv_dim} {l2} {view} "
+                  f"{accepted_bytes / 1e6:.2f} MB: {cells}", flush=True)
+        rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,66 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     changes = {variant: tiling(variant) for variant in variants}  # bad variants fail before any GPU work
     peers = [registry.get("verify_pack", name) for name in args.peers.split(",") if name]
     floor = launch_floor("cuda")  # an empty kernel, timed in every rotation: the floor of the same run
-    rows = []
+    rows: list[dict] = []
+    if args.out:  # rewritten after every point: a run stopped part way keeps what it finished
+        with open(args.out, "w") as handle:
+            json.dump(rows, handle)
     for cfg in parse_points(args.points):
-        point = f"{cfg.batch_size}:{cfg.gamma}:{cfg.alpha:g}:{cfg.kv_dim}"
-
-        # The reference first, on a workload of its own freed before the copies are built: the copies then have all
-        # the memory, and hold the same data (a workload is a function of its config and seed).
-        reference = make_workload("verify_pack", cfg, "cuda")
-        expected = verify_pack(reference.draft_tokens, reference.target_tokens, reference.draft_kv)
-        total = int(expected["accepted_lengths"].sum())
-        accepted_bytes = total * cfg.kv_dim * reference.draft_kv.element_size()
-        del reference
-        torch.cuda.empty_cache()
-
-        def one_copy(cfg=cfg):
-            """A copy of the point's workload with every name prepared on it (each name's outputs allocated)."""
-            workload = make_workload("verify_pack", cfg, "cuda")
-            return ({peer.name: peer.prepare(workload) for peer in peers},
-                    {f"fused_scan[{variant}]": prepare_fused_scan(workload, **changes[variant]) for variant in variants})
-
-        # every copy stays alive until the point is done, so each lands in memory of its own
-        copies = copies_that_fit(args.placements, one_copy)
-        if len(copies) < args.placements:
-            print(f"{point}: {len(copies)} of {args.placements} copies of the workload fit this GPU's memory"
-                  + (": timed on those" if copies else ": skipped"), flush=True)
-        if not copies:
-            continue
-        placements = len(copies)
-        runs = {}
-        for copy, (peer_runs, variant_runs) in enumerate(copies):
-            tag = placement_tag(copy, placements)
-            runs.update({f"{name}{tag}": run for name, run in peer_runs.items()})
-            if copy == 0 and floor.run is not None:  # (the rotation's order with one copy is the tool's as before)
-                runs["launch floor"] = floor.run
-            for name, run in variant_runs.items():
-                out = run()  # checked on every copy: the copies hold the same data, in other memory
-                for key in ("accepted_lengths", "has_mismatch", "next_tokens", "packed_offsets"):
-                    assert torch.equal(out[key], expected[key]), f"{name}: {key} differs from the reference"
-                assert torch.equal(out["packed_kv"][:total], expected["packed_kv"][:total]), f"{name}: packed_kv"
-                runs[f"{name}{tag}"] = run
-        for l2 in args.l2.split(","):
-            options = timing.TimingOptions(warmup=5, iters=args.iters, gpu_iters=args.iters, cold_l2=l2 == "cold",
-                                           views=views)
-            result = timing.measure(runs, "cuda", options)
-            row = {"batch": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha, "kv_dim": cfg.kv_dim, "l2": l2,
-                   "accepted_kv_bytes": accepted_bytes, "placements": placements}
-            for view in views:
-                medians = {name: by_view[view].stats.median_us for name, by_view in result.items()
-                           if by_view[view].stats is not None}
-                row[f"{view}_us"], spreads = over_placements(medians)
-                if placements > 1:
-                    row[f"{view}_spread_us"] = spreads
-                    row[f"{view}_by_copy_us"] = medians
-                cells = "  ".join(f"{name} {value:.2f}" + (f" [{spreads[name][0]:.2f}-{spreads[name][1]:.2f}]"
-                                                             if placements > 1 and name in spreads else "")
-                                  for name, value in row[f"{view}_us"].items())
-                print(f"b={cfg.batch_size} γ={cfg.gamma} α={cfg.alpha:g} kv={cfg.kv_dim} {l2} {view} "
-                      f"{accepted_bytes / 1e6:.2f} MB: {cells}", flush=True)
-            rows.append(row)
-        del copies, runs, expected
-        torch.cuda.empty_cache()
+        rows += time_point(cfg, args, views, peers, changes, floor)
+        torch.cuda.empty_cache()  # every buffer of the point died with time_point's frame
         if args.out:
             with open(args.out, "w") as handle:
                 json.dump(rows, handle, indent=1)

@@ -414,8 +414,8 @@ def test_scan_tiles_times_every_name_on_every_copy_of_a_point(tmp_path):
 
 
 def test_scan_tiles_times_a_point_on_the_copies_that_fit_and_keeps_finished_points(tmp_path, monkeypatch, capsys):
-    """A copy that runs out of memory leaves the point timed on the copies before it (its row says how many), and --out
-    holds every finished point when a later one stops the tool."""
+    """A copy that runs out of memory leaves the point timed on the copies before it (its row says how many), a point
+    whose reference does not fit is skipped, and --out holds every finished point when a later one stops the tool."""
     import json
 
     from sdbench.commands import scan_tiles
@@ -427,16 +427,20 @@ def test_scan_tiles_times_a_point_on_the_copies_that_fit_and_keeps_finished_poin
         calls.append(cfg.batch_size)
         if cfg.batch_size == 64 and calls.count(64) == 3:  # the reference, copy 0, then copy 1 runs out
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (planted)")
+        if cfg.batch_size == 48:  # not even the reference fits
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (planted)")
         if cfg.batch_size == 32:
-            raise RuntimeError("planted stop at the second point")
+            raise RuntimeError("planted stop at the last point")
         return real(op, cfg, device)
 
     monkeypatch.setattr(scan_tiles, "make_workload", make_workload)
     out = tmp_path / "tiles.json"
     with pytest.raises(RuntimeError, match="planted stop"):
-        scan_tiles.main(["--points", "64:4:0.6:128,32:4:0.6:128", "--placements", "3", "--iters", "3", "--l2", "warm",
-                         "--out", str(out)])
-    assert "64:4:0.6:128: 1 of 3 copies of the workload fit this GPU's memory: timed on those" in capsys.readouterr().out
+        scan_tiles.main(["--points", "64:4:0.6:128,48:4:0.6:128,32:4:0.6:128", "--placements", "3", "--iters", "3",
+                         "--l2", "warm", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "64:4:0.6:128: 1 of 3 copies of the workload fit this GPU's memory: timed on those" in printed
+    assert "48:4:0.6:128: the workload does not fit this GPU's memory: skipped" in printed
     (row,) = json.loads(out.read_text())
     assert row["batch"] == 64 and row["placements"] == 1 and "gpu_spread_us" not in row
     assert set(row["gpu_us"]) == {"fused", "ballot+pack_cuda", "ballot+pack_scan", "fused_scan[default]", "launch floor"}
