@@ -154,6 +154,25 @@ def test_copies_of_a_workload_are_one_cell_and_a_note_gives_their_widest_spread(
     assert not any("copies of the workload" in note for note in plain.notes)
 
 
+def test_fused_table_gives_the_ratio_copy_by_copy_when_configs_have_copies(tmp_path):
+    """sweep --placements: beside the ratio of the medians, the fused kernel over the best two-step on each copy (copy c
+    of each), whose range shows a bar that one copy crosses and the median does not."""
+    models = {("verify_pack", "fused"): lambda c, v: 5.0, ("verify_pack", "ballot+pack_cuda"): lambda c, v: 5.0,
+              ("verify_pack", "ballot+pack_scan"): lambda c, v: 7.0}
+    rows = synthetic_results.make_rows(models, batch_sizes=(4,), gammas=(8,), alphas=(0.9,), kv_dims=(128,),
+                                       views=("gpu",))
+    scales = {"fused": (1.0, 1.1, 1.2), "ballot+pack_cuda": (1.0, 1.0, 1.05), "ballot+pack_scan": (1.0, 0.5, 1.0),
+              "launch_floor": (1.0, 1.0, 1.0)}
+    copies = [{**row, "placement": copy, "median_us": row["median_us"] * scales[row["impl"]][copy]}
+              for row in rows for copy in range(3)]
+    table = _table(report.build_report([synthetic_results.write(tmp_path / "part.parquet", copies)]), "Fused vs")
+    # copy by copy the best two-step is 5.0, 3.5 (ballot+pack_scan's copy 1) and 5.25: fused 5.0 / 5.0, 5.5 / 3.5, 6.0 / 5.25
+    assert _column(table, "fused / two-step by copy") == [f"1.00–{5.5 / 3.5:.2f}×"]
+    assert _column(table, "fused / two-step") == [f"{5.5 / 5.0:.2f}×"]  # medians: 5.5 against ballot+pack_cuda's 5.0
+    plain = report.build_report([synthetic_results.write(tmp_path / "plain" / "part.parquet", rows)])
+    assert "fused / two-step by copy" not in _table(plain, "Fused vs").columns
+
+
 def test_out_writes_markdown_plots_and_self_contained_html(tmp_path):
     written = page.write_report(report.build_report([FIXTURE]), tmp_path)
     names = {path.name for path in written}

@@ -191,6 +191,7 @@ class ViewStat:
     median_us: float
     launch_floor_us: float | None
     achieved_gbps: float | None
+    by_copy: dict[int, float] = field(default_factory=dict)  # sweep --placements: each copy's median (empty without)
 
 
 @dataclass
@@ -229,6 +230,12 @@ def aggregate(frame) -> tuple[list[Cell], list[str]]:
             cell = cells[(config, row["impl"])] = Cell(config, row["impl"], row["backend"] or "", bool(row["is_peer"]),
                                                          float(row["accepted_kv_bytes"] or 0))
         cell.views[row["view"]] = ViewStat(row["median_us"], row["launch_floor_us"], row["achieved_gbps"])
+    if "placement" in frame.collect_schema().names():
+        by_copy = ok.filter(pl.col("placement").is_not_null()).group_by([*keys, "placement"]).agg(
+            pl.col("median_us").median()).collect()
+        for row in by_copy.iter_rows(named=True):
+            stat = cells[(tuple(row[key] for key in CONFIG_KEYS), row["impl"])].views[row["view"]]
+            stat.by_copy[row["placement"]] = row["median_us"]
     return sorted(cells.values(), key=_cell_order), failure_notes(frame)
 
 
@@ -653,14 +660,20 @@ def fused_table(report: Report) -> ReportTable:
             f"{', '.join(names) or 'no verify_pack rows'}" + (" (fused kernels run on CUDA only)" if not fused else ""))
         return table
     varying = varying_keys(report.cells)
-    table.columns = ["config", "accepted KV", *fused, "best two-step", *(f"{name} / two-step" for name in fused), "winner"]
+    with_copies = any(cell.views[view].by_copy for cell in cells)
+    table.columns = ["config", "accepted KV", *fused, "best two-step", *(f"{name} / two-step" for name in fused),
+                     *(f"{name} / two-step by copy" for name in fused if with_copies), "winner"]
     curves = _fused_against_best_two_step(cells, view, fused, two_step)
+    peers_by_config = by_config(cells)
     rows = []
     for any_cell, times, best_name, best in _best_two_step_by_config(cells, view, fused, two_step):
         winner = min({**times, best_name: best}.items(), key=lambda item: item[1])[0]
+        peers = peers_by_config[any_cell.config]
+        by_copy = [_ratio_range_by_copy(peers, name, two_step, view) for name in fused] if with_copies else []
         rows.append((any_cell.kv_bytes, [config_label(any_cell, varying), format_bytes(any_cell.kv_bytes),
                      *(format_us(times.get(name)) for name in fused), f"{format_us(best)} ({best_name})",
-                     *(format_ratio(times[name] / best) if name in times else "—" for name in fused), winner]))
+                     *(format_ratio(times[name] / best) if name in times else "—" for name in fused), *by_copy,
+                     winner]))
     table.rows = [row for _, row in sorted(rows, key=lambda item: item[0])]
     table.notes.extend(_tie_notes(curves))
     # Issue #17's bar is in GPU time and in the graph view: each of the two that is not this table's view gets its own
@@ -697,6 +710,21 @@ def _best_two_step_by_config(cells, view: str, fused: list[str], two_step: list[
             best_name = min(steps, key=steps.get)
             times = {name: peers[name].median(view) for name in fused if name in peers}
             yield next(iter(peers.values())), times, best_name, steps[best_name]
+
+
+def _ratio_range_by_copy(peers: dict, name: str, two_step: list[str], view: str) -> str:
+    """"low–high×" of a fused kernel over the best two-step copy by copy (copy c of each: the same input buffers,
+    timed in one rotation), over the copies every one of them has; "—" where there are none. The median's ratio
+    can sit under a bar that one copy crosses."""
+    if name not in peers:
+        return "—"
+    tables = [peers[other].views[view].by_copy for other in two_step if other in peers and view in peers[other].views]
+    mine = peers[name].views[view].by_copy
+    shared = set(mine).intersection(*tables) if tables else set()
+    ratios = [mine[copy] / min(table[copy] for table in tables) for copy in shared]
+    if not ratios:
+        return "—"
+    return f"{format_ratio(min(ratios))[:-1]}–{format_ratio(max(ratios))}"
 
 
 def _fused_against_best_two_step(cells, view: str, fused: list[str], two_step: list[str]):
