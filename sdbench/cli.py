@@ -701,6 +701,9 @@ def calibrate_tau_command(
         console.print(_segments_table(result.fit))
     if result.swept is not None:
         console.print(f"mini-sweep results: {result.swept}")
+    if result.superseded:
+        console.print(f"{result.superseded} config(s) timed on one copy and again on several (sweep --placements): "
+                      "only the copies' rows were read for them", highlight=False)
     console.print(result.fit.message(), highlight=False)
     if result.fused is not None:
         console.print(result.fused.message(), highlight=False)

@@ -482,6 +482,7 @@ class Calibration:
     path: object  # Path of the written profile, None with write=False
     swept: object  # Path the mini-sweep wrote, None when results were given
     fused: FusedVsTwoStep | None = None  # the race's fused against the best sync-free two-step
+    superseded: int = 0  # configs timed on one copy and again on several: only the copies' rows were read
 
 
 def _rows_for_gpu(rows: list[dict], gpu_name: str | None) -> list[dict]:
@@ -524,6 +525,8 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
     if not paths:
         raise SdbenchError("no results given: pass verify_pack sweep results (or let the CLI run the mini-sweep)")
     rows = _rows_for_gpu(results.read_checked_rows(paths), gpu_name)
+    superseded = results.superseded_configs(rows)
+    rows = [row for row in rows if results.config_key(row) not in superseded]
     fused = None
     if pair:
         fit = _fit_pair(rows, small or DEFAULT_SMALL, large or DEFAULT_LARGE, view, n_boot, seed)
@@ -543,7 +546,7 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
         from sdbench import dispatch
 
         dispatch.reset()  # the next auto decision reads the new profile
-    return Calibration(fit, profile, path, swept, fused)
+    return Calibration(fit, profile, path, swept, fused, len(superseded))
 
 
 def _copy_measured_here(gpu_name: str | None) -> tuple[float | None, str]:

@@ -118,6 +118,26 @@ def config_key(values: Mapping[str, Any], machine: bool = True) -> ConfigKey:
     return tuple(_key_value(column, values.get(column)) for column in columns)
 
 
+# sweep --placements N (N > 1) writes " placements=N" into a row's settings, so a config measured on one copy and again
+# on several is two configs by the key above. Where both exist, the copies' measurement stands for the config.
+PLACEMENTS_SETTING = re.compile(r" placements=\d+")
+
+
+def copies_key(values: Mapping[str, Any]) -> ConfigKey:
+    """A row's config key with `placements=N` taken out of its settings: a config's one-copy and copies rows share it."""
+    settings = values.get("settings")
+    return config_key({**values, "settings": PLACEMENTS_SETTING.sub("", settings) if settings else settings})
+
+
+def superseded_configs(rows: Iterable[Mapping[str, Any]]) -> set[ConfigKey]:
+    """Config keys of one-copy measurements (no `placement`) of a config that was measured again on several copies
+    of its workload (sweep --placements, into the same results): those rows give way to the copies' rows, which
+    tell a placement's state from the config's (the report and calibrate-tau read only the copies)."""
+    rows = list(rows)
+    with_copies = {copies_key(row) for row in rows if row.get("placement") is not None}
+    return {config_key(row) for row in rows if row.get("placement") is None and copies_key(row) in with_copies}
+
+
 def _key_value(column: str, value: Any) -> Any:
     if column == "alpha" and value is not None:
         return round(float(value), 9)

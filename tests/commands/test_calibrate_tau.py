@@ -13,6 +13,7 @@ from sdbench import thresholds
 from sdbench.cli import app
 from sdbench.commands import calibrate_tau as tau
 from sdbench.errors import SdbenchError
+from sdbench.measure import results
 from sdbench.thresholds import Profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
@@ -487,6 +488,27 @@ def test_copies_of_a_workload_count_once_and_their_spread_is_the_noise():
     assert point.noise["fused"] > 0.01  # the copies' ~10% spread, not the samples' 0.1%
     (pooled,), _ = tau.race_points([{**row, "placement": None} for row in copies + others], impls, "graph")
     assert pooled.median_us["fused"] == pytest.approx(11.0, abs=0.01) and pooled.noise["fused"] < 0.002
+
+
+def test_a_config_timed_again_on_copies_is_raced_from_the_copies_only(tmp_path):
+    """A plain race sweep, then one config again on three copies (sweep --placements, same settings otherwise) in
+    the same results: the race has one point a config, and that config's fused time is the copies'."""
+    rows = [{**row, "settings": "warmup=5 iters=40"} for row in synthetic_results.make_rows(NARROW, **RACE_GRID)]
+    first = next(row for row in rows if row["impl"] == "fused")
+    again = [{**row, "settings": "warmup=5 iters=40 placements=3", "placement": copy, "run_id": "b",
+              "median_us": row["median_us"] * (3.0 if row["impl"] == "fused" else 1.0),
+              "samples_us": [value * (3.0 if row["impl"] == "fused" else 1.0) for value in row["samples_us"]]}
+             for row in rows if results.config_key(row) == results.config_key(first) for copy in range(3)]
+    folder = tmp_path / "results"
+    synthetic_results.write(folder / "part-a.parquet", rows)
+    synthetic_results.write(folder / "part-b.parquet", again)
+    result = tau.calibrate([folder], write=False, view=first["view"])
+    alone = tau.calibrate([folder / "part-a.parquet"], write=False, view=first["view"])
+    assert result.superseded == 1 and alone.superseded == 0
+    assert len(result.fit.points) == len(alone.fit.points)
+    moved = [(a, b) for a, b in zip(result.fit.points, alone.fit.points, strict=True)
+             if a.median_us["fused"] != pytest.approx(b.median_us["fused"])]
+    assert len(moved) == 1 and moved[0][0].median_us["fused"] == pytest.approx(3.0 * moved[0][1].median_us["fused"])
 
 
 def test_the_tau_band_holds_the_spread_between_copies():

@@ -105,17 +105,18 @@ def test_failures_are_one_line_each_naming_their_implementations_configs_and_a_s
 
 
 def test_one_config_swept_with_two_settings_is_two_labelled_rows(tmp_path):
-    """A folder holding one config swept once plainly and once with --placements (another config key, by design):
-    its two cells are told apart by their settings in the latency table."""
+    """A folder holding one config swept once plainly and once with other settings and --placements (another config
+    key, by design; with the same settings but placements the copies would supersede the plain rows): its two cells
+    are told apart by their settings in the latency table."""
     rows = synthetic_results.make_rows(batch_sizes=(4,), gammas=(8,), alphas=(0.3,), kv_dims=(128,))
     plain = [{**row, "settings": "warmup=5 iters=40"} for row in rows]
-    copied = [{**row, "settings": "warmup=5 iters=40 placements=2", "placement": copy, "run_id": "b"}
+    copied = [{**row, "settings": "warmup=5 iters=80 placements=2", "placement": copy, "run_id": "b"}
               for row in rows for copy in (0, 1)]
     built = report.build_report([synthetic_results.write(tmp_path / "part-0.parquet", plain + copied)])
     labels = _column(_table(built, "Median latency"), "config")
     pack = {label for label in labels if "kv=128" in label}  # verify_pack's cells (verify's have no kv)
     assert pack == {"b=4 γ=8 α=0.3 kv=128 settings=warmup=5 iters=40",
-                    "b=4 γ=8 α=0.3 kv=128 settings=warmup=5 iters=40 placements=2"}, labels
+                    "b=4 γ=8 α=0.3 kv=128 settings=warmup=5 iters=80 placements=2"}, labels
 
 
 def test_failed_configs_that_differ_beyond_b_gamma_alpha_and_kv_say_how(tmp_path):
@@ -171,6 +172,28 @@ def test_fused_table_gives_the_ratio_copy_by_copy_when_configs_have_copies(tmp_p
     assert _column(table, "fused / two-step") == [f"{5.5 / 5.0:.2f}×"]  # medians: 5.5 against ballot+pack_cuda's 5.0
     plain = report.build_report([synthetic_results.write(tmp_path / "plain" / "part.parquet", rows)])
     assert "fused / two-step by copy" not in _table(plain, "Fused vs").columns
+
+
+def test_a_config_timed_again_on_copies_is_read_from_the_copies_only(tmp_path):
+    """A plain sweep, then `sweep --placements 3` of one of its configs into the same results: that config is one cell
+    from the copies' rows (not two configs, not pooled with the plain rows), and a note says so."""
+    models = {("verify_pack", "fused"): lambda c, v: 5.0, ("verify_pack", "ballot+pack_cuda"): lambda c, v: 6.0}
+    grid = dict(batch_sizes=(4, 32), gammas=(8,), alphas=(0.9,), kv_dims=(128,), views=("gpu",))
+    plain = [{**row, "settings": "warmup=5 iters=40"} for row in synthetic_results.make_rows(models, **grid)]
+    copies = [{**row, "settings": "warmup=5 iters=40 placements=3", "placement": copy, "run_id": "b",
+               "median_us": row["median_us"] * (2.0 if row["impl"] == "fused" else 1.0)}
+              for row in plain if row["batch_size"] == 4 for copy in range(3)]
+    folder = tmp_path / "results"
+    synthetic_results.write(folder / "part-a.parquet", plain)
+    synthetic_results.write(folder / "part-b.parquet", copies)
+    built = report.build_report([folder])
+    assert ("1 config timed on one copy and again on several (sweep --placements, the same settings otherwise): the "
+            "copies' rows stand for it, the one-copy rows are left out") in built.notes
+    fused = {cell.get("batch_size"): cell for cell in built.cells if cell.impl == "fused"}
+    assert sorted(fused) == [4, 32]
+    assert fused[4].median("gpu") == pytest.approx(10.0) and fused[32].median("gpu") == pytest.approx(5.0)
+    assert sorted(fused[4].views["gpu"].by_copy) == [0, 1, 2] and not fused[32].views["gpu"].by_copy
+    assert not any("one copy and again" in note for note in report.build_report([folder / "part-a.parquet"]).notes)
 
 
 def test_out_writes_markdown_plots_and_self_contained_html(tmp_path):
@@ -331,6 +354,28 @@ def test_compare_reads_copies_of_a_workload_one_vote_each_with_their_spread(tmp_
     pooled = synthetic_results.write(tmp_path / "pooled.parquet", [{**r, "placement": None} for r in b_rows])
     (naive,), _ = compare.compare([a], [pooled], n_boot=1000)
     assert naive.verdict == "SLOWER" and naive.b_us == pytest.approx(11.0, abs=0.02)
+
+
+def test_compare_reads_a_config_timed_again_on_copies_from_the_copies_only(tmp_path):
+    """Side A holds a config timed once at 30 µs and again on three copies (10.0, 10.3, 10.6) with the same settings
+    but placements: A is the copies' 10.3, not a median with the one-copy row among them (10.45)."""
+    rng = np.random.default_rng(6)
+    (row,) = [row for row in synthetic_results.make_rows(batch_sizes=(4,), gammas=(8,), alphas=(0.3,))
+              if row["op"] == "verify" and row["impl"] == "ballot" and row["view"] == "gpu"]
+
+    def timed(center, **extra):
+        samples = rng.normal(center, 0.02, 100).tolist()
+        return {**row, "settings": "warmup=5 iters=40", "samples_us": samples, "median_us": float(np.median(samples)),
+                **extra}
+
+    folder = tmp_path / "a"
+    synthetic_results.write(folder / "part-plain.parquet", [timed(30.0, run_id="a")])
+    synthetic_results.write(folder / "part-copies.parquet", [
+        timed(center, run_id="a2", placement=copy, settings="warmup=5 iters=40 placements=3")
+        for copy, center in enumerate((10.0, 10.3, 10.6))])
+    b = synthetic_results.write(tmp_path / "b.parquet", [timed(10.3, run_id="b")])
+    (found,), _ = compare.compare([folder], [b], n_boot=400)
+    assert found.a_us == pytest.approx(10.3, abs=0.02)
 
 
 def test_compare_one_copy_against_several_borrows_their_spread(tmp_path):

@@ -134,3 +134,16 @@ def test_version_1_files_read_with_the_new_columns_null(tmp_path):
     (row,) = results.read_rows(tmp_path)
     assert row["fixed_length"] is None and row["trace_sha256"] is None and row["schema_version"] == 1
     assert results.done_configs(tmp_path) == {results.config_key(_config(settings=None))}
+
+
+def test_a_config_timed_again_on_copies_supersedes_its_one_copy_rows():
+    """sweep --placements N after a plain sweep of the same config (the same settings but placements): the plain rows
+    give way; a config whose other settings differ, or that was never timed on copies, stays."""
+    plain = _config(settings="warmup=20 iters=3")
+    other = _config(batch_size=64, settings="warmup=20 iters=3")
+    other_iters = _config(gamma=16, settings="warmup=20 iters=9")
+    rows = [{**plain, "placement": None}, {**other, "placement": None}, {**other_iters, "placement": None},
+            *({**plain, "settings": "warmup=20 iters=3 placements=3", "placement": copy} for copy in range(3)),
+            *({**other_iters, "settings": "warmup=20 iters=3 placements=2", "placement": copy} for copy in range(2))]
+    assert results.superseded_configs(rows) == {results.config_key(plain)}
+    assert results.superseded_configs([row for row in rows if row["placement"] is None]) == set()

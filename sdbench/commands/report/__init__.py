@@ -331,7 +331,7 @@ class Report:
 
 def build_report(paths: list[str | Path], wheres: list[Where] | None = None, impls: list[str] | None = None,
                  baseline: str = "torch_eager", view: str | None = None, ceiling_gbps: float | None = None) -> Report:
-    frame = apply_where(scan(paths), wheres or [])
+    frame, superseded = drop_superseded(apply_where(scan(paths), wheres or []))
     cells, skipped_notes = aggregate(frame)
     if not cells:
         raise SdbenchError(_empty_message(paths, wheres or []))
@@ -358,6 +358,10 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
     copies_note = placements_note(frame)
     if copies_note:
         report.notes.append(copies_note)
+    if superseded:
+        report.notes.append(f"{superseded} config{'s' * (superseded > 1)} timed on one copy and again on several "
+                            "(sweep --placements, the same settings otherwise): the copies' rows stand for "
+                            f"{'them' if superseded > 1 else 'it'}, the one-copy rows are left out")
     below_note = _below_floor_note(frame)
     if below_note:
         report.notes.append(below_note)
@@ -389,6 +393,21 @@ def _below_floor_note(frame) -> str | None:
            if legacy else "")
     allowed = "".join(f" (and {share:.0%} in the {view} view)" for view, share in FLOOR_TOLERANCE.items())
     return f"below their own launch floor by more than their and the floor's noise{allowed}: {listed}{why}"
+
+
+def drop_superseded(frame):
+    """(frame less the rows of configs superseded by copies (`results.superseded_configs`), how many configs)."""
+    pl = require_polars()
+    if "placement" not in frame.collect_schema().names():
+        return frame, 0
+    # one string a config key, null-safe, so the rows to drop are found without joining on nullable columns
+    key = pl.concat_str([pl.col(name).cast(pl.Utf8).fill_null("\u2205") for name in CONFIG_KEYS], separator="\x1f")
+    distinct = frame.select(*CONFIG_KEYS, "placement", key.alias("_key")).unique().collect().to_dicts()
+    gone = results.superseded_configs(distinct)
+    if not gone:
+        return frame, 0
+    dropped = sorted({row["_key"] for row in distinct if results.config_key(row) in gone})
+    return frame.filter(~key.is_in(dropped)), len(gone)
 
 
 def placements_note(frame) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sdbench.commands.report import ReportTable, Where, apply_where, format_us, require_polars, scan
+from sdbench.commands.report import ReportTable, Where, apply_where, drop_superseded, format_us, require_polars, scan
 from sdbench.errors import SdbenchError
 from sdbench.measure import copies, results, timing
 from sdbench.ops.launch_floor import HOST_STATE_TOLERANCE, HOST_STATE_VIEW, host_state_differs
@@ -66,7 +66,8 @@ def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bo
     against_floor: each row's samples divided by the median of its own launch path's floor in the same run
     (rows without a floor are left out)."""
     pl = require_polars()
-    frame = apply_where(scan(paths), wheres)
+    # a config timed on one copy and again on copies is the copies' (settings are not matched, so both would pool)
+    frame, _ = drop_superseded(apply_where(scan(paths), wheres))
     names = frame.collect_schema().names()
     for name, dtype in (("noisy", pl.Boolean), ("calls_per_sample", pl.Int32), ("launch_path", pl.String),
                         ("floor_drift", pl.Float64), ("host_slowed", pl.Float64), ("placement", pl.Int32)):
