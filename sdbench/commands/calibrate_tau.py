@@ -525,8 +525,7 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
     if not paths:
         raise SdbenchError("no results given: pass verify_pack sweep results (or let the CLI run the mini-sweep)")
     rows = _rows_for_gpu(results.read_checked_rows(paths), gpu_name)
-    superseded = results.superseded_configs(rows)
-    rows = [row for row in rows if results.config_key(row) not in superseded]
+    rows, superseded = results.without_superseded(rows)
     fused = None
     if pair:
         fit = _fit_pair(rows, small or DEFAULT_SMALL, large or DEFAULT_LARGE, view, n_boot, seed)
@@ -546,7 +545,7 @@ def calibrate(paths, *, impls=None, small: str | None = None, large: str | None 
         from sdbench import dispatch
 
         dispatch.reset()  # the next auto decision reads the new profile
-    return Calibration(fit, profile, path, swept, fused, len(superseded))
+    return Calibration(fit, profile, path, swept, fused, superseded)
 
 
 def _copy_measured_here(gpu_name: str | None) -> tuple[float | None, str]:

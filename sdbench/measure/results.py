@@ -13,7 +13,7 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -129,13 +129,27 @@ def copies_key(values: Mapping[str, Any]) -> ConfigKey:
     return config_key({**values, "settings": PLACEMENTS_SETTING.sub("", settings) if settings else settings})
 
 
-def superseded_configs(rows: Iterable[Mapping[str, Any]]) -> set[ConfigKey]:
-    """Config keys of one-copy measurements (no `placement`) of a config that was measured again on several copies
-    of its workload (sweep --placements, into the same results): those rows give way to the copies' rows, which
-    tell a placement's state from the config's (the report and calibrate-tau read only the copies)."""
+def copies_row_key(values: Mapping[str, Any]) -> tuple:
+    """What a row timed, with `placements=N` out of its settings: (copies_key, impl, view)."""
+    return copies_key(values), values.get("impl"), values.get("view")
+
+
+def superseded(rows: Iterable[Mapping[str, Any]], key_of: Callable[[Mapping[str, Any]], Any] = copies_row_key) -> set:
+    """Keys (key_of of a row) of one-copy rows (no `placement`) that rows timed on copies of the same workload replace:
+    a config swept plainly and again with --placements into the same results (the same settings but placements) is
+    read from its copies alone. Per implementation and view, and only where a copy row is `ok`: a copies sweep of
+    fewer implementations, or one whose copies failed, leaves the other rows standing. Rows with a `placement` are
+    never among them."""
     rows = list(rows)
-    with_copies = {copies_key(row) for row in rows if row.get("placement") is not None}
-    return {config_key(row) for row in rows if row.get("placement") is None and copies_key(row) in with_copies}
+    with_copies = {key_of(row) for row in rows if row.get("placement") is not None and row.get("status") == "ok"}
+    return {key_of(row) for row in rows if row.get("placement") is None and key_of(row) in with_copies}
+
+
+def without_superseded(rows: list[dict]) -> tuple[list[dict], int]:
+    """rows less the one-copy rows that copies replace (`superseded`), and how many configs lost rows so."""
+    gone = superseded(rows)
+    kept = [row for row in rows if row.get("placement") is not None or copies_row_key(row) not in gone]
+    return kept, len({key[0] for key in gone})
 
 
 def _key_value(column: str, value: Any) -> Any:

@@ -189,11 +189,34 @@ def test_a_config_timed_again_on_copies_is_read_from_the_copies_only(tmp_path):
     built = report.build_report([folder])
     assert ("1 config timed on one copy and again on several (sweep --placements, the same settings otherwise): the "
             "copies' rows stand for it, the one-copy rows are left out") in built.notes
-    fused = {cell.get("batch_size"): cell for cell in built.cells if cell.impl == "fused"}
-    assert sorted(fused) == [4, 32]
-    assert fused[4].median("gpu") == pytest.approx(10.0) and fused[32].median("gpu") == pytest.approx(5.0)
-    assert sorted(fused[4].views["gpu"].by_copy) == [0, 1, 2] and not fused[32].views["gpu"].by_copy
+    cells = {(cell.get("batch_size"), cell.impl): cell for cell in built.cells}
+    assert len(built.cells) == len(cells) == 4  # b=4 and b=32, each fused and ballot+pack_cuda: no second b=4 cell
+    assert cells[(4, "fused")].median("gpu") == pytest.approx(10.0)
+    assert cells[(32, "fused")].median("gpu") == pytest.approx(5.0)
+    assert sorted(cells[(4, "fused")].views["gpu"].by_copy) == [0, 1, 2] and not cells[(32, "fused")].views["gpu"].by_copy
     assert not any("one copy and again" in note for note in report.build_report([folder / "part-a.parquet"]).notes)
+
+
+@pytest.mark.parametrize("case", ["fewer implementations", "copies failed"])
+def test_copies_replace_only_the_rows_they_timed_ok(tmp_path, case):
+    """The copies sweep timed only `fused` (--impl), or every copy failed: the other one-copy rows stand."""
+    models = {("verify_pack", "fused"): lambda c, v: 5.0, ("verify_pack", "ballot+pack_cuda"): lambda c, v: 6.0}
+    grid = dict(batch_sizes=(4,), gammas=(8,), alphas=(0.9,), kv_dims=(128,), views=("gpu",))
+    plain = [{**row, "settings": "warmup=5 iters=40"} for row in synthetic_results.make_rows(models, **grid)]
+    copies = [{**row, "settings": "warmup=5 iters=40 placements=3", "placement": copy, "run_id": "b",
+               "median_us": row["median_us"] * 2.0} for row in plain if row["impl"] != "ballot+pack_cuda"
+              for copy in range(3)]
+    if case == "copies failed":
+        copies = [{**row, "status": "error", "reason": "out of memory", "median_us": None, "samples_us": []}
+                  for row in copies]
+    folder = tmp_path / "results"
+    synthetic_results.write(folder / "part-a.parquet", plain)
+    synthetic_results.write(folder / "part-b.parquet", copies)
+    built = report.build_report([folder])
+    medians = {cell.impl: cell.median("gpu") for cell in built.cells}
+    assert medians["ballot+pack_cuda"] == pytest.approx(6.0)
+    assert medians["fused"] == pytest.approx(10.0 if case == "fewer implementations" else 5.0)
+    assert any("one copy and again" in note for note in built.notes) == (case == "fewer implementations")
 
 
 def test_out_writes_markdown_plots_and_self_contained_html(tmp_path):
@@ -375,6 +398,14 @@ def test_compare_reads_a_config_timed_again_on_copies_from_the_copies_only(tmp_p
         for copy, center in enumerate((10.0, 10.3, 10.6))])
     b = synthetic_results.write(tmp_path / "b.parquet", [timed(10.3, run_id="b")])
     (found,), _ = compare.compare([folder], [b], n_boot=400)
+    assert found.a_us == pytest.approx(10.3, abs=0.02)
+    # a side matches without settings: copies swept with other iterations replace the one-copy row too
+    other = tmp_path / "other"
+    synthetic_results.write(other / "part-plain.parquet", [timed(30.0, run_id="a")])
+    synthetic_results.write(other / "part-copies.parquet", [
+        timed(center, run_id="a2", placement=copy, settings="warmup=5 iters=80 placements=3")
+        for copy, center in enumerate((10.0, 10.3, 10.6))])
+    (found,), _ = compare.compare([other], [b], n_boot=400)
     assert found.a_us == pytest.approx(10.3, abs=0.02)
 
 

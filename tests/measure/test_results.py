@@ -137,13 +137,21 @@ def test_version_1_files_read_with_the_new_columns_null(tmp_path):
 
 
 def test_a_config_timed_again_on_copies_supersedes_its_one_copy_rows():
-    """sweep --placements N after a plain sweep of the same config (the same settings but placements): the plain rows
-    give way; a config whose other settings differ, or that was never timed on copies, stays."""
-    plain = _config(settings="warmup=20 iters=3")
-    other = _config(batch_size=64, settings="warmup=20 iters=3")
-    other_iters = _config(gamma=16, settings="warmup=20 iters=9")
-    rows = [{**plain, "placement": None}, {**other, "placement": None}, {**other_iters, "placement": None},
-            *({**plain, "settings": "warmup=20 iters=3 placements=3", "placement": copy} for copy in range(3)),
-            *({**other_iters, "settings": "warmup=20 iters=3 placements=2", "placement": copy} for copy in range(2))]
-    assert results.superseded_configs(rows) == {results.config_key(plain)}
-    assert results.superseded_configs([row for row in rows if row["placement"] is None]) == set()
+    """sweep --placements N after a plain sweep of the same config (the same settings but placements): the plain rows of
+    each (impl, view) the copies timed ok give way; a config whose other settings differ, an implementation the copies
+    did not time, one whose copies failed, and the copies themselves stay."""
+    def row(placement=None, status="ok", impl="fused", **config):
+        return {**_config(**config), "impl": impl, "view": "gpu", "status": status, "placement": placement}
+
+    plain = dict(settings="warmup=20 iters=3")
+    copies = dict(settings="warmup=20 iters=3 placements=3")
+    rows = [row(**plain), row(impl="ballot+pack_cuda", **plain), row(impl="ballot+pack_scan", **plain),
+            row(batch_size=64, **plain), row(gamma=16, settings="warmup=20 iters=9"),
+            *(row(copy, **copies) for copy in range(3)),  # fused on copies: supersedes the plain fused row
+            *(row(copy, "error", impl="ballot+pack_scan", **copies) for copy in range(3)),  # failed: the plain row stays
+            *(row(copy, gamma=16, settings="warmup=20 iters=3 placements=2") for copy in range(2))]  # other iters
+    assert results.superseded(rows) == {results.copies_row_key(row(**plain))}
+    kept, configs = results.without_superseded(rows)
+    assert configs == 1 and len(kept) == len(rows) - 1 and row(**plain) not in kept
+    assert results.without_superseded([r for r in rows if r["placement"] is None]) == (
+        [r for r in rows if r["placement"] is None], 0)

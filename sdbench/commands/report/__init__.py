@@ -395,19 +395,24 @@ def _below_floor_note(frame) -> str | None:
     return f"below their own launch floor by more than their and the floor's noise{allowed}: {listed}{why}"
 
 
-def drop_superseded(frame):
-    """(frame less the rows of configs superseded by copies (`results.superseded_configs`), how many configs)."""
+def drop_superseded(frame, key_of=results.copies_row_key):
+    """(frame less the one-copy rows that rows timed on copies replace (`results.superseded`, by key_of), how many
+    configs lost rows so)."""
     pl = require_polars()
-    if "placement" not in frame.collect_schema().names():
+    names = frame.collect_schema().names()
+    if "placement" not in names or not frame.select(pl.col("placement").is_not_null().any()).collect().item():
         return frame, 0
-    # one string a config key, null-safe, so the rows to drop are found without joining on nullable columns
-    key = pl.concat_str([pl.col(name).cast(pl.Utf8).fill_null("\u2205") for name in CONFIG_KEYS], separator="\x1f")
-    distinct = frame.select(*CONFIG_KEYS, "placement", key.alias("_key")).unique().collect().to_dicts()
-    gone = results.superseded_configs(distinct)
-    if not gone:
+    # one string a (config, impl, view), null-safe, so the rows to drop are found without joining on nullable columns
+    columns = [*CONFIG_KEYS, "impl", "view"]
+    key = pl.concat_str([pl.col(name).cast(pl.String).fill_null("\u2205") for name in columns], separator="\x1f")
+    distinct = frame.select(*columns, "status", "placement", key.alias("_key")).unique().collect().to_dicts()
+    gone = results.superseded(distinct, key_of)
+    plain = [row for row in distinct if row["placement"] is None and key_of(row) in gone]
+    if not plain:
         return frame, 0
-    dropped = sorted({row["_key"] for row in distinct if results.config_key(row) in gone})
-    return frame.filter(~key.is_in(dropped)), len(gone)
+    dropped = sorted({row["_key"] for row in plain})
+    configs = len({results.copies_key(row) for row in plain})
+    return frame.filter(~(key.is_in(dropped) & pl.col("placement").is_null())), configs
 
 
 def placements_note(frame) -> str | None:
@@ -733,8 +738,8 @@ def _best_two_step_by_config(cells, view: str, fused: list[str], two_step: list[
 
 def _ratio_range_by_copy(peers: dict, name: str, two_step: list[str], view: str) -> str:
     """"low–high×" of a fused kernel over the best two-step copy by copy (copy c of each: the same input buffers,
-    timed in one rotation), over the copies every one of them has; "—" where there are none. The median's ratio
-    can sit under a bar that one copy crosses."""
+    timed in one rotation; copy c of several runs pooled), over the copies every one of them has; "—" where there are
+    none. The median's ratio can sit under a bar that one copy crosses."""
     if name not in peers:
         return "—"
     tables = [peers[other].views[view].by_copy for other in two_step if other in peers and view in peers[other].views]

@@ -66,8 +66,8 @@ def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bo
     against_floor: each row's samples divided by the median of its own launch path's floor in the same run
     (rows without a floor are left out)."""
     pl = require_polars()
-    # a config timed on one copy and again on copies is the copies' (settings are not matched, so both would pool)
-    frame, _ = drop_superseded(apply_where(scan(paths), wheres))
+    # A key timed on one copy and again on copies is the copies' (a side matches without settings, so both would pool).
+    frame, _ = drop_superseded(apply_where(scan(paths), wheres), key_of=lambda row: tuple(row[name] for name in MATCH_KEYS))
     names = frame.collect_schema().names()
     for name, dtype in (("noisy", pl.Boolean), ("calls_per_sample", pl.Int32), ("launch_path", pl.String),
                         ("floor_drift", pl.Float64), ("host_slowed", pl.Float64), ("placement", pl.Int32)):
