@@ -328,6 +328,7 @@ def sweep_command(
     gamma: Annotated[str | None, typer.Option(help="Draft lengths γ (default: 8,64,128).")] = None,
     alpha: Annotated[str | None, typer.Option(help="Acceptance rates in [0, 1] (default: 0.3,0.6,0.9).")] = None,
     kv_dim: Annotated[str | None, typer.Option(help="KV widths, pack / verify_pack only (default: 128,512,1024,2048).")] = None,
+    points: Annotated[str | None, typer.Option(help="Configs b:γ:α[:kv_dim], comma-separated, in place of the --b × --gamma × --alpha × --kv-dim grid, e.g. a grid's near-bar configs swept again with --placements into its folder.")] = None,
     vocab: Annotated[str | None, typer.Option(help="Vocabulary sizes; prob_verify and prob_verify_ragged sweep them (default: 32000).")] = None,
     impl: Annotated[str | None, typer.Option(help="Comma-separated implementation names (default: every one of --op).")] = None,
     op: Annotated[str | None, typer.Option(help="verify, pack, verify_pack, prob_verify, verify_ragged, verify_pack_ragged or prob_verify_ragged (default: verify).")] = None,
@@ -368,8 +369,11 @@ def sweep_command(
     from sdbench.commands import sweep
 
     shard_index, shard_count = sweep.parse_shard(shard) if shard is not None else (None, None)
+    if points is not None and any(given is not None for given in (b, gamma, alpha, kv_dim)):
+        raise SdbenchError("--points gives whole configs: leave out --b, --gamma, --alpha and --kv-dim with it")
     spec = sweep.build_spec(
         preset,
+        points=points and sweep.parse_points(points),
         batch_sizes=b and parse_int_list(b, "--b", minimum=1),
         gammas=gamma and parse_int_list(gamma, "--gamma", minimum=1),
         alphas=alpha and parse_float_list(alpha, "--alpha", 0.0, 1.0),

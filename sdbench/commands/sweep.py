@@ -85,6 +85,8 @@ class SweepSpec:
     gammas: tuple[int, ...] = (8, 64, 128)
     alphas: tuple[float, ...] = (0.3, 0.6, 0.9)
     kv_dims: tuple[int, ...] = ()  # () = the op's default: none for verify / prob ops, DEFAULT_KV_DIMS for KV ops
+    # (b, γ, α, kv_dim) configs in place of the b × γ × α × kv_dim grid, e.g. a grid's near-bar configs swept again
+    points: tuple[tuple[int, int, float, int], ...] = ()
     vocab_sizes: tuple[int, ...] = (DEFAULT_VOCAB_SIZE,)
     token_dtypes: tuple[str, ...] = ("int64",)
     kv_dtypes: tuple[str, ...] = ("float16",)  # KV ops
@@ -153,7 +155,26 @@ def _unique(values) -> tuple:
     return tuple(dict.fromkeys(values))
 
 
+def parse_points(text: str) -> tuple[tuple[int, int, float, int], ...]:
+    """'1024:32:0.3:64,8:4:0.9' -> ((1024, 32, 0.3, 64), (8, 4, 0.9, 0)): b:γ:α[:kv_dim], kv_dim 0 when left out (ops
+    that move no KV); a clear SdbenchError naming the bad point otherwise (configs validate the values themselves)."""
+    points = []
+    for word in text.split(","):
+        parts = word.strip().split(":")
+        try:
+            if len(parts) not in (3, 4):
+                raise ValueError
+            batch, gamma, alpha = int(parts[0]), int(parts[1]), float(parts[2])
+            kv_dim = int(parts[3]) if len(parts) == 4 else 0
+        except ValueError:
+            raise SdbenchError(f"--points: {word.strip()!r} is not b:γ:α or b:γ:α:kv_dim (e.g. 1024:32:0.3:64)") from None
+        points.append((batch, gamma, alpha, kv_dim))
+    return tuple(points)
+
+
 def kv_dims_of(spec: SweepSpec) -> tuple[int, ...]:
+    if spec.points:
+        return _unique(point[3] for point in spec.points)
     if spec.kv_dims:
         return _unique(spec.kv_dims)
     return DEFAULT_KV_DIMS if spec.op in KV_OPS else (0,)
@@ -175,10 +196,11 @@ def validate(spec: SweepSpec) -> None:
     for option, values in (("--b", spec.batch_sizes), ("--gamma", spec.gammas), ("--alpha", spec.alphas)):
         if not values:
             raise SdbenchError(f"{option}: needs at least one value")
+    option = "--points" if spec.points else "--kv-dim"
     if spec.op in KV_OPS and any(kv_dim < 1 for kv_dim in kv_dims_of(spec)):
-        raise SdbenchError(f"--kv-dim: {spec.op} moves draft KV, so every kv_dim must be >= 1")
+        raise SdbenchError(f"{option}: {spec.op} moves draft KV, so every kv_dim must be >= 1")
     if spec.op not in KV_OPS and any(kv_dim != 0 for kv_dim in kv_dims_of(spec)):
-        raise SdbenchError(f"--kv-dim: {spec.op} moves no KV; use --op verify_pack or --op pack to sweep kv_dim")
+        raise SdbenchError(f"{option}: {spec.op} moves no KV; use --op verify_pack or --op pack to sweep kv_dim")
     if spec.warmup < 0:
         raise SdbenchError(f"--warmup must be >= 0, got {spec.warmup}")
     if spec.iters < 1:
@@ -215,10 +237,16 @@ def grid(spec: SweepSpec) -> list[VerifyConfig]:
     value_dtypes = spec.prob_dtypes if spec.op in PROB_OPS else spec.kv_dtypes
     if spec.op not in KV_OPS and spec.op not in PROB_OPS:
         value_dtypes = value_dtypes[:1]  # verify has no KV: its dtype would only multiply the grid
-    points = itertools.product(
-        _unique(spec.vocab_sizes), kv_dims, _unique(spec.token_dtypes), _unique(value_dtypes),
-        _unique(spec.batch_sizes), _unique(spec.gammas), _unique(spec.alphas),
-    )
+    if spec.points:  # the given configs, in their order, for every vocabulary and dtype
+        points = ((vocab, kv_dim, token_dtype, value_dtype, batch, gamma, alpha)
+                  for vocab, token_dtype, value_dtype in itertools.product(
+                      _unique(spec.vocab_sizes), _unique(spec.token_dtypes), _unique(value_dtypes))
+                  for batch, gamma, alpha, kv_dim in _unique(spec.points))
+    else:
+        points = itertools.product(
+            _unique(spec.vocab_sizes), kv_dims, _unique(spec.token_dtypes), _unique(value_dtypes),
+            _unique(spec.batch_sizes), _unique(spec.gammas), _unique(spec.alphas),
+        )
     configs = []
     for vocab, kv_dim, token_dtype, value_dtype, batch, gamma, alpha in points:
         dtype_field = {"prob_dtype": value_dtype} if spec.op in PROB_OPS else {"kv_dtype": value_dtype}

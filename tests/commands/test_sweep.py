@@ -336,6 +336,11 @@ def _invoke(*args):
     (["--preset", "quik"], "did you mean 'quick'"),
     (["--op", "verify", "--kv-dim", "128"], "moves no KV"),
     (["--dist", "uniform"], "--dist"),
+    (["--points", "4:8:0.3:64", "--b", "4"], "--points gives whole configs"),
+    (["--points", "4:8"], "--points: '4:8' is not b:γ:α"),
+    (["--points", "4:8:0.3:64"], "--points: verify moves no KV"),
+    (["--op", "verify_pack", "--points", "4:8:0.3"], "--points: verify_pack moves draft KV"),
+    (["--points", "0:8:0.3"], "batch size must be >= 1"),
 ])
 def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, args, message):
     result = _invoke(*args, "--device", "cpu", "--out", str(tmp_path / "out"))
@@ -365,6 +370,20 @@ def test_cli_quick_sweep_on_cpu_writes_parquet_and_a_summary(tmp_path):
                     "--resume", "--impl", "torch_eager")
     assert again.exit_code == 0 and "8 already present" in " ".join(again.output.split())
     assert len(results.read_rows(out)) == len(rows)
+
+
+def test_points_sweep_the_given_configs_in_place_of_the_grid(tmp_path):
+    """--points: exactly the configs given (b:γ:α:kv), in their order, each once, into the same folder as a grid sweep,
+    and a preset's other settings stand."""
+    spec = sweep.build_spec("scale-kv", points=sweep.parse_points("1024:32:0.3:64,8:4:0.9:4096,1024:32:0.3:64"))
+    assert [(c.batch_size, c.gamma, c.alpha, c.kv_dim) for c in sweep.grid(spec)] == [(1024, 32, 0.3, 64), (8, 4, 0.9, 4096)]
+    assert sweep.parse_points("3:5:0.25") == ((3, 5, 0.25, 0),)
+    out = tmp_path / "points"
+    result = _invoke("--op", "verify_pack", "--points", "4:8:0.3:64,2:4:0.9:128", "--device", "cpu", "--warmup", "0",
+                     "--iters", "2", "--impl", "torch_eager", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    configs = {(row["batch_size"], row["gamma"], row["alpha"], row["kv_dim"]) for row in results.read_rows(out)}
+    assert configs == {(4, 8, 0.3, 64), (2, 4, 0.9, 128)}
 
 
 def test_prob_verify_sweep_records_acceptance_and_roofline_bytes(tmp_path):
