@@ -675,8 +675,7 @@ def fused_table(report: Report) -> ReportTable:
     view = report.primary_view
     cells = [cell for cell in report.cells if cell.get("op") == "verify_pack" and cell.median(view) is not None]
     names = sorted({cell.impl for cell in cells})
-    fused = [name for name in names if name.startswith("fused")]
-    two_step = [name for name in names if not name.startswith("fused")]
+    fused, two_step = fused_and_two_step(names)
     table = ReportTable(f"Fused vs two-step verify-and-pack ({view} view, µs; sorted by accepted KV bytes)", [])
     if not fused or not two_step:
         table.notes.append(
@@ -688,11 +687,10 @@ def fused_table(report: Report) -> ReportTable:
     table.columns = ["config", "accepted KV", *fused, "best two-step", *(f"{name} / two-step" for name in fused),
                      *(f"{name} / two-step by copy" for name in fused if with_copies), "winner"]
     curves = _fused_against_best_two_step(cells, view, fused, two_step)
-    peers_by_config = by_config(cells)
     rows = []
-    for any_cell, times, best_name, best in _best_two_step_by_config(cells, view, fused, two_step):
+    for peers, times, best_name, best in _best_two_step_by_config(cells, view, fused, two_step):
+        any_cell = next(iter(peers.values()))
         winner = min({**times, best_name: best}.items(), key=lambda item: item[1])[0]
-        peers = peers_by_config[any_cell.config]
         by_copy = [_ratio_range_by_copy(peers, name, two_step, view) for name in fused] if with_copies else []
         rows.append((any_cell.kv_bytes, [config_label(any_cell, varying), format_bytes(any_cell.kv_bytes),
                      *(format_us(times.get(name)) for name in fused), f"{format_us(best)} ({best_name})",
@@ -705,10 +703,8 @@ def fused_table(report: Report) -> ReportTable:
     for other in ("graph", "gpu"):
         if other != view and other in report.views:
             other_cells = [cell for cell in report.cells if cell.get("op") == "verify_pack" and cell.median(other) is not None]
-            other_names = sorted({cell.impl for cell in other_cells})
             notes = _tie_notes(_fused_against_best_two_step(
-                other_cells, other, [n for n in other_names if n.startswith("fused")],
-                [n for n in other_names if not n.startswith("fused")]))
+                other_cells, other, *fused_and_two_step(sorted({cell.impl for cell in other_cells}))))
             table.notes.extend(f"{other} view: {note}" for note in notes or
                                ["no config holds both a fused kernel and a two-step pipeline"])
     for name, points in curves.items():
@@ -726,14 +722,20 @@ def fused_table(report: Report) -> ReportTable:
     return table
 
 
+def fused_and_two_step(names: list[str]) -> tuple[list[str], list[str]]:
+    """verify_pack implementation names split into the one-launch fused kernels and the two-step pipelines."""
+    return [name for name in names if name.startswith("fused")], [name for name in names if not name.startswith("fused")]
+
+
 def _best_two_step_by_config(cells, view: str, fused: list[str], two_step: list[str]):
-    """Per config with a two-step row: (a cell of it, each fused kernel's median, the best two-step's name, its median)."""
+    """Per config with a two-step row: (its cells by implementation, each fused kernel's median, the best two-step's
+    name, its median)."""
     for peers in by_config(cells).values():
         steps = {name: peers[name].median(view) for name in two_step if name in peers}
         if steps:
             best_name = min(steps, key=steps.get)
             times = {name: peers[name].median(view) for name in fused if name in peers}
-            yield next(iter(peers.values())), times, best_name, steps[best_name]
+            yield peers, times, best_name, steps[best_name]
 
 
 def _ratio_range_by_copy(peers: dict, name: str, two_step: list[str], view: str) -> str:
@@ -754,9 +756,10 @@ def _ratio_range_by_copy(peers: dict, name: str, two_step: list[str], view: str)
 def _fused_against_best_two_step(cells, view: str, fused: list[str], two_step: list[str]):
     """{fused kernel: [(accepted KV bytes, its median, the best two-step's median)]} over the configs."""
     curves: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for any_cell, times, _, best in _best_two_step_by_config(cells, view, fused, two_step):
+    for peers, times, _, best in _best_two_step_by_config(cells, view, fused, two_step):
+        kv_bytes = next(iter(peers.values())).kv_bytes
         for name, value in times.items():
-            curves[name].append((any_cell.kv_bytes, value, best))
+            curves[name].append((kv_bytes, value, best))
     return curves
 
 
@@ -786,8 +789,7 @@ def kv_roofline_table(report: Report, op: str = "verify_pack") -> ReportTable:
         return table
     names = sorted({cell.impl for cell in cells})
     if op == "verify_pack":
-        fused = [name for name in names if name.startswith("fused")]
-        two_step = [name for name in names if not name.startswith("fused")]
+        fused, two_step = fused_and_two_step(names)
     else:
         fused, two_step = names, []
     varying = varying_keys(cells)

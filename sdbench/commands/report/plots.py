@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sdbench.commands.report import Cell, Report
+from sdbench.commands.report import Cell, Report, fused_and_two_step
 from sdbench.thresholds import format_bytes
 
 MAX_HEATMAPS = 8
@@ -197,8 +197,7 @@ def fused_vs_two_step(report: Report):
     view = report.primary_view
     cells = [cell for cell in report.cells if cell.get("op") == "verify_pack" and cell.median(view)]
     names = sorted({cell.impl for cell in cells})
-    fused = [name for name in names if name.startswith("fused")]
-    two_step = [name for name in names if not name.startswith("fused")]
+    fused, two_step = fused_and_two_step(names)
     if not fused or not two_step:
         raise Skip("fused vs two-step: needs verify_pack rows of a fused kernel and a two-step pipeline "
                    f"(have: {', '.join(names) or 'none'})")
