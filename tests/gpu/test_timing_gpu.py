@@ -59,6 +59,7 @@ def test_graph_of_several_copies_equals_one_eager_call(copies):
     graph.reset()
 
 
+@pytest.mark.alone
 def test_graph_view_amortises_the_launch_latency():
     # An empty kernel: many copies per replay when warm, one when cold; either way, behind the blocking
     # kernel, its graph time sits near its device time and far below what one launch costs the host.
@@ -263,6 +264,7 @@ def test_every_timed_row_sits_at_or_above_its_own_launch_floor(tmp_path):
     assert below == [], [(row["impl"], row["view"], row["median_us"], row["launch_floor_us"]) for row in below]
 
 
+@pytest.mark.alone
 def test_gpu_view_warm_means_the_callables_own_data_in_l2():
     """In rotation a callable always follows the same other one; warm must not mean "after that one". A
     read of half the L2, timed after a callable that streams twice the L2 through it, reads from L2 when
@@ -272,9 +274,9 @@ def test_gpu_view_warm_means_the_callables_own_data_in_l2():
     evicting = torch.ones(2 * l2 // 4, device=DEVICE)
     callables = {"evict": lambda: evicting.add_(1.0), "read": lambda: source.sum()}  # "read" follows "evict"
     options = dict(warmup=2, iters=10, gpu_iters=10, views=("gpu",))
-    # Under `make gpu-test` other pytest-xdist workers share the GPU, and their kernels can evict the L2 between
-    # "read"'s priming call and its timed one (seen on an H200: warm 11.4 µs against cold 13.8). A warm read that
-    # never comes in under 0.8 × cold in three tries is the failure this test is for; one that does once is not.
+    # Another process's kernels can evict the L2 between "read"'s priming call and its timed one (beside three
+    # pytest-xdist workers on an H200: warm 11.4 µs against cold 13.8), hence `alone`, and three tries: a warm read
+    # that never comes in under 0.8 × cold is the failure this test is for; one that does once is not.
     tries = []
     for _ in range(3):
         warm = timing.measure(callables, DEVICE, timing.TimingOptions(**options))["read"]["gpu"].stats.median_us
@@ -285,6 +287,7 @@ def test_gpu_view_warm_means_the_callables_own_data_in_l2():
     assert min(warm / cold for warm, cold in tries) < 0.8, tries
 
 
+@pytest.mark.alone
 def test_cold_l2_is_clean():
     """The cold flush evicts by reading a buffer, so the timed call pays for no write-back of the flush's own
     lines: a read of half the L2 is slower after it than warm (it evicts), and a read of one L2's worth is
