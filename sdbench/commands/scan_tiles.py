@@ -16,7 +16,7 @@ during the look-back), `b1` (tiles of at most 32 sequences scan their lengths in
 source in a shift table or a search, as before session 33, not in every warp's registers); `default` changes
 nothing. Each point also times --peers (default: fused,
 ballot+pack_cuda, ballot+pack_scan) and the launch floor (an empty kernel) in the same rotation, so every line
-reads against the others of its run. Times: the median over --iters calls, per L2 state and view (--views: `gpu`,
+reads against the others of its run; each row names the GPU (`gpu_uuid`). Times: the median over --iters calls, per L2 state and view (--views: `gpu`,
 CUPTI GPU time, the default; `graph`, a CUDA-graph replay's; `wall`), each row's `<view>_us`.
 
 --placements N builds each point's workload N times in one process (the same data, each copy in fresh memory, all
@@ -40,7 +40,7 @@ from typing import TypeVar
 import torch
 
 from sdbench import registry
-from sdbench.measure import timing
+from sdbench.measure import environment, timing
 from sdbench.ops import make_workload
 from sdbench.ops.launch_floor import launch_floor
 from sdbench.ops.verify_pack.reference import verify_pack
@@ -188,7 +188,8 @@ def time_point(cfg: VerifyConfig, args, views: tuple[str, ...], peers, changes: 
                                        views=views)
         result = timing.measure(runs, "cuda", options)
         row = {"batch": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha, "kv_dim": cfg.kv_dim, "l2": l2,
-               "accepted_kv_bytes": accepted_bytes, "placements": placements}
+               "accepted_kv_bytes": accepted_bytes, "placements": placements,
+               "gpu_uuid": environment.collect("cuda")["gpu_uuid"]}  # runs on two machines: the same GPU or not
         for view in views:
             medians = {name: by_view[view].stats.median_us for name, by_view in result.items()
                        if by_view[view].stats is not None}

@@ -19,7 +19,7 @@ import torch
 import sdbench
 
 ENV_COLUMNS = (
-    "gpu_name", "gpu_cc", "gpu_sms", "gpu_memory_gb", "driver",
+    "gpu_name", "gpu_cc", "gpu_sms", "gpu_memory_gb", "gpu_uuid", "driver",
     "cuda_version", "torch_version", "triton_version", "sdbench_version", "git_sha", "hostname", "python_version",
     "sm_clock_mhz", "mem_clock_mhz",
 )
@@ -147,13 +147,17 @@ def _gpu(index: int) -> dict[str, Any]:
         "gpu_cc": f"{props.major}.{props.minor}",
         "gpu_sms": int(props.multi_processor_count),
         "gpu_memory_gb": round(props.total_memory / 1e9, 3),
+        # which physical GPU: two machines lent as the same kind can differ by a few % (on an H200, `fused` moved
+        # 4% between two device calls at 65536:128:0.3:64 while its two-step peer moved 0.5%), so a reader can tell
+        # "another GPU" from "another process"
+        "gpu_uuid": _safe(lambda: str(props.uuid)),
     }
 
 
 def collect(device: str | torch.device) -> dict[str, Any]:
     """Every environment column for rows measured on device (GPU columns null on the CPU)."""
     device = torch.device(device)
-    gpu = {"gpu_name": None, "gpu_cc": None, "gpu_sms": None, "gpu_memory_gb": None}
+    gpu = {"gpu_name": None, "gpu_cc": None, "gpu_sms": None, "gpu_memory_gb": None, "gpu_uuid": None}
     if device.type == "cuda":
         index = device.index if device.index is not None else _safe(torch.cuda.current_device)
         gpu = (_safe(_gpu, index) if index is not None else None) or gpu

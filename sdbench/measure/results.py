@@ -38,6 +38,7 @@ SCHEMA = pa.schema([
     ("gpu_sms", pa.int32()),
     ("gpu_memory_gb", pa.float64()),
     ("driver", pa.string()),
+    ("gpu_uuid", pa.string()),  # which physical GPU (null on the CPU and in files written before this column)
     ("cuda_version", pa.string()),
     ("torch_version", pa.string()),
     ("triton_version", pa.string()),

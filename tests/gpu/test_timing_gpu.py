@@ -214,6 +214,13 @@ def test_quick_preset_sweep_writes_parquet(tmp_path):
     assert len(configs) == 8
     assert {row["view"] for row in rows} == {"wall", "graph", "gpu"}
     assert all(row["device"] == "cuda" and row["gpu_name"] for row in rows)
+    # the physical GPU, as the driver names it (nvidia-smi prints the same UUID with a "GPU-" prefix)
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True)
+    if smi.returncode == 0:
+        uuids = {line.strip().removeprefix("GPU-") for line in smi.stdout.splitlines() if line.strip()}
+        assert {row["gpu_uuid"] for row in rows} <= uuids and len({row["gpu_uuid"] for row in rows}) == 1
+    else:
+        assert all(row["gpu_uuid"] for row in rows)
 
     def status(impl, view):
         return {row["status"] for row in rows if row["impl"] == impl and row["view"] == view}

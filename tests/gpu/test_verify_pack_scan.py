@@ -406,7 +406,7 @@ def test_scan_tiles_times_every_name_on_every_copy_of_a_point(tmp_path):
                             "--iters", "3", "--l2", "warm", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     names = {"fused", "ballot+pack_cuda", "ballot+pack_scan", "fused_scan[default]", "fused_scan[t64]"}
-    assert row["placements"] == 2 and set(row["gpu_us"]) == names | {"launch floor"}
+    assert row["placements"] == 2 and row["gpu_uuid"] and set(row["gpu_us"]) == names | {"launch floor"}
     assert set(row["gpu_by_copy_us"]) == {f"{name}#{copy}" for name in names for copy in (0, 1)} | {"launch floor"}
     for name, (low, high) in row["gpu_spread_us"].items():
         copies = [value for key, value in row["gpu_by_copy_us"].items() if key.rpartition("#")[0] == name]

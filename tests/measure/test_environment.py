@@ -46,3 +46,11 @@ def test_git_sha_digests_the_edits_a_commit_can_reproduce(tmp_path):
 
 def test_git_sha_outside_a_checkout_is_none(tmp_path):
     assert environment._git_sha(tmp_path) is None
+
+
+def test_every_column_is_collected_and_the_gpu_ones_are_null_on_the_cpu():
+    collected = environment.collect("cpu")
+    assert set(collected) == set(environment.ENV_COLUMNS)
+    assert {name: collected[name] for name in ("gpu_name", "gpu_uuid", "gpu_sms")} == dict.fromkeys(
+        ("gpu_name", "gpu_uuid", "gpu_sms"))
+    assert collected["torch_version"]

@@ -25,7 +25,8 @@ def _config(**changes):
 def _ok_row(**changes):
     row = {
         **_config(), "run_id": "r1", "timestamp": "2026-11-22T10:00:00+00:00",
-        "gpu_cc": "9.0", "gpu_sms": 132, "gpu_memory_gb": 85.0, "driver": "580.159", "cuda_version": "13.0",
+        "gpu_cc": "9.0", "gpu_sms": 132, "gpu_memory_gb": 85.0, "driver": "580.159",
+        "gpu_uuid": "0f3e2a1c-7b4d-4e9a-8c21-5d6f7a8b9c0d", "cuda_version": "13.0",
         "torch_version": "2.11.0", "triton_version": "3.6.0", "sdbench_version": "0.1.0", "git_sha": "abc",
         "hostname": "h100", "python_version": "3.12.3", "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
         "mean_accepted_length": 2.4, "accepted_kv_bytes": 0, "impl": "ballot", "backend": "cuda", "is_peer": False,
