@@ -895,3 +895,25 @@ def test_noisy_reason_reads_the_sweeps_own_host_tolerance():
     # a sweep run with --host-tolerance 0.3 did not call 1.2x slow: the flag had another cause
     assert noisy_reason({**slowed, "settings": "warmup=20 iters=200 host_tolerance=0.3"}) == \
         "median noise above its --max-noise"
+
+
+def _rows_on(uuid: str | None, run_id: str) -> list[dict]:
+    gpu = {**synthetic_results.H100, "gpu_uuid": uuid}
+    return synthetic_results.make_rows(batch_sizes=(4,), gammas=(8,), alphas=(0.3,), gpu=gpu, run_id=run_id)
+
+
+@pytest.mark.parametrize("uuids, named", [(("gpu-a", "gpu-b"), True), (("gpu-a", "gpu-a"), False),
+                                          ((None, None), False), (("gpu-a", None), False)])
+def test_report_and_compare_say_when_rows_come_from_other_physical_gpus(tmp_path, uuids, named):
+    """Two runs of one model of GPU: the report names both GPUs and compare says A and B ran on other GPUs when their
+    gpu_uuid differ; one GPU, files from before the column, or a side without it say nothing."""
+    a = synthetic_results.write(tmp_path / "a.parquet", _rows_on(uuids[0], "run-a"))
+    b = synthetic_results.write(tmp_path / "b.parquet", _rows_on(uuids[1], "run-b"))
+    notes = [note for note in report.build_report([a, b]).notes if "physical GPUs" in note]
+    assert len(notes) == int(named)
+    if named:
+        assert "2 physical GPUs (gpu-a, gpu-b)" in notes[0] and "--where gpu_uuid=UUID" in notes[0]
+    _, compare_notes = compare.compare([a], [b], n_boot=50)
+    said = [note for note in compare_notes if "A ran on GPU" in note]
+    assert said == (["A ran on GPU gpu-a and B on gpu-b (gpu_uuid): two GPUs of one model can differ by a few percent, "
+                     "so a verdict may be the GPU's, not the change's"] if named else [])

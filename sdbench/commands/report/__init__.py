@@ -351,6 +351,11 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
     report.run_ids = run_ids(frame)
     if len(report.run_ids) > 1:
         report.notes.append(pooled_runs_note(frame, report.run_ids))
+    gpus = gpu_uuids(frame)
+    if len(gpus) > 1:
+        report.notes.append(f"timed on {len(gpus)} physical GPUs ({', '.join(gpus)}): two GPUs of one model can differ "
+                            f"by a few percent, so a difference between configs timed on different GPUs may be "
+                            f"the GPU's; one GPU alone: --where gpu_uuid=UUID")
     if baseline not in known_impls:
         report.notes.append(f"baseline {baseline!r} is not in these results: no speedup-vs-baseline column "
                             f"(choose one of {', '.join(known_impls)} with --baseline)")
@@ -445,6 +450,18 @@ def run_ids(frame) -> list[str]:
     pl = require_polars()
     timed = frame.filter(pl.col("status") == "ok").select(pl.col("run_id").unique().sort()).collect()
     return [str(run_id) for run_id in timed.to_series().to_list()]
+
+
+def gpu_uuids(frame) -> list[str]:
+    """The physical GPUs (results' gpu_uuid) of the timed rows, sorted; none in files written before the column.
+    (On an H200, `fused` moved 4% between two device calls while its two-step peer moved 0.5%: docs/perf-notes.md,
+    session 44.)"""
+    pl = require_polars()
+    if "gpu_uuid" not in frame.collect_schema().names():
+        return []
+    found = frame.filter((pl.col("status") == "ok") & pl.col("gpu_uuid").is_not_null()).select(
+        pl.col("gpu_uuid").unique().sort()).collect()
+    return [str(uuid) for uuid in found.to_series().to_list()]
 
 
 def pooled_runs_note(frame, ids: list[str]) -> str:
