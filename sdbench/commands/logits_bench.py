@@ -42,7 +42,7 @@ from sdbench.ops.prob_verify_logits.workload import (
 DESIGNS = ("fused_logits", "vllm_v2_style", "softmax_fused_prob", "softmax_flashinfer", "torch_eager")
 BYTES_DESIGN = {"fused_logits": "fused_logits", "vllm_v2_style": "vllm_v2_style"}  # the rest: softmax_then_prob
 # Each row says where and with what code it was measured (the sweep's parquet carries every environment column).
-PROVENANCE = ("gpu_name", "driver", "torch_version", "triton_version", "git_sha", "sm_clock_mhz")
+PROVENANCE = ("gpu_name", "gpu_uuid", "driver", "torch_version", "triton_version", "git_sha", "sm_clock_mhz")
 BATCHED_FIELDS = ("draft_tokens", "target_logits", "draft_logits", "target_temperature", "draft_temperature",
                   "uniforms", "exponential_noise")
 # Requests per chunk of the expectations: each costs (2γ+1)·V·draws float64 values of p, q, gathers and

@@ -14,10 +14,10 @@ one wave of resident blocks or less, chunks of a sequence of at least KiB of wor
 copy round after the look-back, not during it; default 64; l65536 keeps the loads of every chunk up to 64 MiB
 during the look-back), `b1` (tiles of at most 32 sequences scan their lengths in shared memory and find a unit's
 source in a shift table or a search, as before session 33, not in every warp's registers); `default` changes
-nothing. Each point also times --peers (default: fused,
-ballot+pack_cuda, ballot+pack_scan) and the launch floor (an empty kernel) in the same rotation, so every line
-reads against the others of its run; each row names the GPU (`gpu_uuid`). Times: the median over --iters calls, per L2 state and view (--views: `gpu`,
-CUPTI GPU time, the default; `graph`, a CUDA-graph replay's; `wall`), each row's `<view>_us`.
+nothing. Each point also times --peers (default: fused, ballot+pack_cuda, ballot+pack_scan) and the launch floor (an
+empty kernel) in the same rotation, so every line reads against the others of its run; each row names the GPU
+(`gpu_uuid`). Times: the median over --iters calls, per L2 state and view (--views: `gpu`, CUPTI GPU time, the
+default; `graph`, a CUDA-graph replay's; `wall`), each row's `<view>_us`.
 
 --placements N builds each point's workload N times in one process (the same data, each copy in fresh memory, all
 alive) and times every name on every copy in the same rotation: where the buffers land moved `fused` by up to 1.3 µs
@@ -189,7 +189,7 @@ def time_point(cfg: VerifyConfig, args, views: tuple[str, ...], peers, changes: 
         result = timing.measure(runs, "cuda", options)
         row = {"batch": cfg.batch_size, "gamma": cfg.gamma, "alpha": cfg.alpha, "kv_dim": cfg.kv_dim, "l2": l2,
                "accepted_kv_bytes": accepted_bytes, "placements": placements,
-               "gpu_uuid": environment.collect("cuda")["gpu_uuid"]}  # runs on two machines: the same GPU or not
+               "gpu_uuid": environment.gpu_uuid(torch.cuda.current_device())}  # calls on two machines: one GPU or two
         for view in views:
             medians = {name: by_view[view].stats.median_us for name, by_view in result.items()
                        if by_view[view].stats is not None}

@@ -19,7 +19,7 @@ import torch
 import sdbench
 
 ENV_COLUMNS = (
-    "gpu_name", "gpu_cc", "gpu_sms", "gpu_memory_gb", "gpu_uuid", "driver",
+    "gpu_name", "gpu_cc", "gpu_sms", "gpu_memory_gb", "driver", "gpu_uuid",
     "cuda_version", "torch_version", "triton_version", "sdbench_version", "git_sha", "hostname", "python_version",
     "sm_clock_mhz", "mem_clock_mhz",
 )
@@ -140,6 +140,13 @@ def clocks_and_driver(device: str | torch.device) -> dict[str, Any]:
     return {**empty, **found}
 
 
+@functools.cache
+def gpu_uuid(index: int) -> str | None:
+    """Which physical GPU: two machines of one kind may differ, and nothing else in a row says which ran. Read once a
+    process (scan_tiles asks for every row, between timed rotations)."""
+    return _safe(lambda: str(torch.cuda.get_device_properties(index).uuid))
+
+
 def _gpu(index: int) -> dict[str, Any]:
     props = torch.cuda.get_device_properties(index)
     return {
@@ -147,10 +154,7 @@ def _gpu(index: int) -> dict[str, Any]:
         "gpu_cc": f"{props.major}.{props.minor}",
         "gpu_sms": int(props.multi_processor_count),
         "gpu_memory_gb": round(props.total_memory / 1e9, 3),
-        # which physical GPU: two machines lent as the same kind can differ by a few % (on an H200, `fused` moved
-        # 4% between two device calls at 65536:128:0.3:64 while its two-step peer moved 0.5%), so a reader can tell
-        # "another GPU" from "another process"
-        "gpu_uuid": _safe(lambda: str(props.uuid)),
+        "gpu_uuid": gpu_uuid(index),
     }
 
 

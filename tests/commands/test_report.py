@@ -897,23 +897,52 @@ def test_noisy_reason_reads_the_sweeps_own_host_tolerance():
         "median noise above its --max-noise"
 
 
+
 def _rows_on(uuid: str | None, run_id: str) -> list[dict]:
     gpu = {**synthetic_results.H100, "gpu_uuid": uuid}
     return synthetic_results.make_rows(batch_sizes=(4,), gammas=(8,), alphas=(0.3,), gpu=gpu, run_id=run_id)
 
 
-@pytest.mark.parametrize("uuids, named", [(("gpu-a", "gpu-b"), True), (("gpu-a", "gpu-a"), False),
-                                          ((None, None), False), (("gpu-a", None), False)])
-def test_report_and_compare_say_when_rows_come_from_other_physical_gpus(tmp_path, uuids, named):
-    """Two runs of one model of GPU: the report names both GPUs and compare says A and B ran on other GPUs when their
-    gpu_uuid differ; one GPU, files from before the column, or a side without it say nothing."""
-    a = synthetic_results.write(tmp_path / "a.parquet", _rows_on(uuids[0], "run-a"))
-    b = synthetic_results.write(tmp_path / "b.parquet", _rows_on(uuids[1], "run-b"))
-    notes = [note for note in report.build_report([a, b]).notes if "physical GPUs" in note]
-    assert len(notes) == int(named)
-    if named:
-        assert "2 physical GPUs (gpu-a, gpu-b)" in notes[0] and "--where gpu_uuid=UUID" in notes[0]
-    _, compare_notes = compare.compare([a], [b], n_boot=50)
-    said = [note for note in compare_notes if "A ran on GPU" in note]
-    assert said == (["A ran on GPU gpu-a and B on gpu-b (gpu_uuid): two GPUs of one model can differ by a few percent, "
-                     "so a verdict may be the GPU's, not the change's"] if named else [])
+def _write_on(path: Path, uuid: str | None | type(...), run_id: str) -> Path:
+    """A results file on GPU uuid; ... for a file written before the gpu_uuid column (the column absent)."""
+    written = synthetic_results.write(path, _rows_on(None if uuid is ... else uuid, run_id))
+    if uuid is ...:
+        table = pq.read_table(written)
+        pq.write_table(table.drop_columns(["gpu_uuid"]), written)
+    return written
+
+
+GPU_CASES = {"two GPUs": ("gpu-a", "gpu-b"), "one GPU": ("gpu-a", "gpu-a"), "unreadable": (None, None),
+             "before the column": (..., ...), "one GPU and a file before the column": ("gpu-a", ...)}
+
+
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_report_names_the_physical_gpus_when_rows_come_from_more_than_one(tmp_path, case):
+    """Two runs of one model of GPU: the report names both GPUs when their gpu_uuid differ, and says how many timed
+    rows name none when some do; one GPU, or none recorded at all, says nothing."""
+    a_uuid, b_uuid = GPU_CASES[case]
+    a = _write_on(tmp_path / "a.parquet", a_uuid, "run-a")
+    b = _write_on(tmp_path / "b.parquet", b_uuid, "run-b")
+    notes = [note for note in report.build_report([a, b]).notes if "physical GPU" in note]
+    old_rows = sum(row["status"] == "ok" for row in _rows_on(None, "run-b"))  # every timed row of the older file
+    expected = {"two GPUs": "timed on 2 physical GPUs (gpu-a, gpu-b): ",
+                "one GPU and a file before the column": f"timed on 1 physical GPU (gpu-a) and {old_rows} timed rows on "
+                                                        "an unrecorded one: "}.get(case)
+    assert [note.split("two GPUs of one model")[0] for note in notes] == ([expected] if expected else [])
+    assert all(note.endswith("--where gpu_uuid=UUID") for note in notes)
+
+
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_compare_says_when_a_and_b_ran_on_other_physical_gpus(tmp_path, case):
+    a_uuid, b_uuid = GPU_CASES[case]
+    a = _write_on(tmp_path / "a.parquet", a_uuid, "run-a")
+    b = _write_on(tmp_path / "b.parquet", b_uuid, "run-b")
+    _, notes = compare.compare([a], [b], n_boot=50)
+    said = [note.split(" (gpu_uuid)")[0] for note in notes if note.startswith("A ran on")]
+    assert said == (["A ran on 1 physical GPU (gpu-a) and B on 1 physical GPU (gpu-b)"] if case == "two GPUs" else [])
+
+
+def test_where_on_a_column_older_files_lack_matches_nothing_rather_than_failing(tmp_path):
+    old = _write_on(tmp_path / "old.parquet", ..., "run-old")
+    with pytest.raises(SdbenchError, match="no timed rows match --where gpu_uuid=gpu-a"):
+        report.build_report([old], wheres=[report.parse_where("gpu_uuid=gpu-a")])

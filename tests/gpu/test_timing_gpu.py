@@ -214,9 +214,11 @@ def test_quick_preset_sweep_writes_parquet(tmp_path):
     assert len(configs) == 8
     assert {row["view"] for row in rows} == {"wall", "graph", "gpu"}
     assert all(row["device"] == "cuda" and row["gpu_name"] for row in rows)
-    # the physical GPU, as the driver names it (nvidia-smi prints the same UUID with a "GPU-" prefix)
+    # the physical GPU, as the driver names it (nvidia-smi prints the same UUID with a "GPU-" prefix); under MIG CUDA
+    # names the instance instead, so only that a UUID was read is checked there
     smi = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True)
-    if smi.returncode == 0:
+    mig = "MIG" in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    if smi.returncode == 0 and not mig:
         uuids = {line.strip().removeprefix("GPU-") for line in smi.stdout.splitlines() if line.strip()}
         assert {row["gpu_uuid"] for row in rows} <= uuids and len({row["gpu_uuid"] for row in rows}) == 1
     else:

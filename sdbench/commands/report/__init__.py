@@ -51,8 +51,11 @@ def scan(paths: list[str | Path]):
         results.check_file(path)
     frames = [pl.scan_parquet(path) for path in files]
     frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
-    missing = [name for name in results.CONFIG_COLUMNS if name not in frame.collect_schema().names()]
-    return frame.with_columns(pl.lit(None).alias(name) for name in missing) if missing else frame  # older files
+    # older files: every schema column they lack reads as a typed null (so --where on it matches nothing, not an error)
+    present = set(frame.collect_schema().names())
+    schema = pl.from_arrow(results.SCHEMA.empty_table()).schema
+    missing = [name for name in results.COLUMNS if name not in present]
+    return frame.with_columns(pl.lit(None, dtype=schema[name]).alias(name) for name in missing) if missing else frame
 
 
 # --- --where ----------------------------------------------------------------------------------------
@@ -351,11 +354,11 @@ def build_report(paths: list[str | Path], wheres: list[Where] | None = None, imp
     report.run_ids = run_ids(frame)
     if len(report.run_ids) > 1:
         report.notes.append(pooled_runs_note(frame, report.run_ids))
-    gpus = gpu_uuids(frame)
-    if len(gpus) > 1:
-        report.notes.append(f"timed on {len(gpus)} physical GPUs ({', '.join(gpus)}): two GPUs of one model can differ "
-                            f"by a few percent, so a difference between configs timed on different GPUs may be "
-                            f"the GPU's; one GPU alone: --where gpu_uuid=UUID")
+    gpus, unrecorded = gpu_uuids(frame)
+    if len(gpus) > 1 or (gpus and unrecorded):
+        report.notes.append(f"timed on {gpu_words(gpus, unrecorded)}: two GPUs of one model may differ, so a difference "
+                            "between configs timed on different GPUs may be the GPU's; one GPU alone: --where "
+                            "gpu_uuid=UUID")
     if baseline not in known_impls:
         report.notes.append(f"baseline {baseline!r} is not in these results: no speedup-vs-baseline column "
                             f"(choose one of {', '.join(known_impls)} with --baseline)")
@@ -452,16 +455,18 @@ def run_ids(frame) -> list[str]:
     return [str(run_id) for run_id in timed.to_series().to_list()]
 
 
-def gpu_uuids(frame) -> list[str]:
-    """The physical GPUs (results' gpu_uuid) of the timed rows, sorted; none in files written before the column.
-    (On an H200, `fused` moved 4% between two device calls while its two-step peer moved 0.5%: docs/perf-notes.md,
-    session 44.)"""
+def gpu_uuids(frame) -> tuple[list[str], int]:
+    """The physical GPUs (results' gpu_uuid) of the timed rows, sorted, and how many timed rows name none (files
+    written before the column, or a GPU whose UUID could not be read)."""
     pl = require_polars()
-    if "gpu_uuid" not in frame.collect_schema().names():
-        return []
-    found = frame.filter((pl.col("status") == "ok") & pl.col("gpu_uuid").is_not_null()).select(
-        pl.col("gpu_uuid").unique().sort()).collect()
-    return [str(uuid) for uuid in found.to_series().to_list()]
+    timed = frame.filter(pl.col("status") == "ok").select("gpu_uuid").collect().to_series()
+    return sorted({str(uuid) for uuid in timed.drop_nulls().to_list()}), int(timed.null_count())
+
+
+def gpu_words(gpus: list[str], unrecorded: int) -> str:
+    """'2 physical GPUs (a, b)', '1 physical GPU (a) and 12 timed rows on an unrecorded one'."""
+    words = f"{len(gpus)} physical GPU{'s' * (len(gpus) != 1)} ({', '.join(gpus)})"
+    return words + (f" and {unrecorded} timed row{'s' * (unrecorded != 1)} on an unrecorded one" if unrecorded else "")
 
 
 def pooled_runs_note(frame, ids: list[str]) -> str:

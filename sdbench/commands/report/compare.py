@@ -26,6 +26,7 @@ from sdbench.commands.report import (
     drop_superseded,
     format_us,
     gpu_uuids,
+    gpu_words,
     require_polars,
     scan,
 )
@@ -68,7 +69,8 @@ class Samples:
     floors_us: dict[tuple, list[float]]  # wall keys: the launch floor of each pooled row (its own path's)
     rows: dict[tuple, list[np.ndarray]] = field(default_factory=dict)  # each key's rows' samples, one array a row
     copies: set[tuple] = field(default_factory=set)  # keys with rows that are copies of a workload (sweep --placements)
-    gpus: list[str] = field(default_factory=list)  # the physical GPUs (gpu_uuid) of the side's rows; [] before the column
+    gpus: list[str] = field(default_factory=list)  # the physical GPUs (gpu_uuid) of the side's timed rows
+    unrecorded_gpu_rows: int = 0  # its timed rows that name no GPU (files from before the column)
 
 
 def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bool = False) -> Samples:
@@ -78,7 +80,7 @@ def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bo
     pl = require_polars()
     # A key timed on one copy and again on copies is the copies' (a side matches without settings, so both would pool).
     frame, _ = drop_superseded(apply_where(scan(paths), wheres), key_of=lambda row: tuple(row[name] for name in MATCH_KEYS))
-    gpus = gpu_uuids(frame)
+    gpus, unrecorded = gpu_uuids(frame)
     names = frame.collect_schema().names()
     for name, dtype in (("noisy", pl.Boolean), ("calls_per_sample", pl.Int32), ("launch_path", pl.String),
                         ("floor_drift", pl.Float64), ("host_slowed", pl.Float64), ("placement", pl.Int32)):
@@ -106,7 +108,7 @@ def load_samples(paths: list[str | Path], wheres: list[Where], against_floor: bo
             side.graph_methods.setdefault(key, set()).add(row["calls_per_sample"] is not None)
         side.paths.setdefault(key, set()).add(row["launch_path"] or "custom_op")
     side.pooled = {key: np.concatenate(parts) for key, parts in pooled.items()}
-    side.rows, side.copies, side.gpus = pooled, with_copies, gpus
+    side.rows, side.copies, side.gpus, side.unrecorded_gpu_rows = pooled, with_copies, gpus, unrecorded
     return side
 
 
@@ -224,9 +226,11 @@ def compare(a_paths: list[str | Path], b_paths: list[str | Path], wheres: list[W
         verdict, why = judge(b_us / a_us, low, high, threshold, why_not)
         results.append(Comparison(key, a_us, b_us, low, high, verdict, why))
     notes = []
-    if a_side.gpus and b_side.gpus and a_side.gpus != b_side.gpus:
-        notes.append(f"A ran on GPU {', '.join(a_side.gpus)} and B on {', '.join(b_side.gpus)} (gpu_uuid): two GPUs of "
-                     "one model can differ by a few percent, so a verdict may be the GPU's, not the change's")
+    if a_side.gpus and b_side.gpus and (a_side.gpus != b_side.gpus or a_side.unrecorded_gpu_rows
+                                        or b_side.unrecorded_gpu_rows):
+        notes.append(f"A ran on {gpu_words(a_side.gpus, a_side.unrecorded_gpu_rows)} and B on "
+                     f"{gpu_words(b_side.gpus, b_side.unrecorded_gpu_rows)} (gpu_uuid): two GPUs of one model may "
+                     "differ, so a verdict may be the GPU's, not the change's")
     if mixed_graph:
         notes.append(f"{len(mixed_graph)} graph rows left out: timed before results schema v3 (one replay, launch "
                      "latency included) on one side or in one pooled run, inside the graph (calls_per_sample) in another")
