@@ -519,7 +519,7 @@ def _torch_kernels(request: ProfileRequest, impl) -> list[KernelTime]:
 def profile_schema():
     import pyarrow as pa
 
-    strings = ("run_id", "timestamp", "gpu_name", "gpu_cc", "driver", "cuda_version", "torch_version",
+    strings = ("run_id", "timestamp", "gpu_name", "gpu_cc", "gpu_uuid", "driver", "cuda_version", "torch_version",
                "sdbench_version", "hostname", "device", "op", "dist", "token_dtype", "kv_dtype", "impl", "backend",
                "row", "tool", "status", "reason", "kernel", "kernel_short")
     ints = ("batch_size", "gamma", "kv_dim", "vocab_size", "seed", "warmup", "iters", "profiled_iters")
@@ -542,7 +542,8 @@ def _environment() -> dict:
     import torch
 
     return {
-        "gpu_name": found.get("gpu_name"), "gpu_cc": found.get("gpu_cc"), "driver": found.get("driver"),
+        "gpu_name": found.get("gpu_name"), "gpu_cc": found.get("gpu_cc"), "gpu_uuid": found.get("gpu_uuid"),
+        "driver": found.get("driver"),
         "cuda_version": found.get("cuda_version", torch.version.cuda), "torch_version": torch.__version__,
         "sdbench_version": found.get("sdbench_version"), "hostname": found.get("hostname"), "device": "cuda",
     }

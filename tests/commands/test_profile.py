@@ -369,3 +369,13 @@ def test_run_torch_retries_a_session_that_lost_a_kernel_record(monkeypatch, sess
     else:
         with pytest.raises(ToolFailed, match=expected):
             profile.run_torch(lambda: None, iters=1)
+
+
+def test_profile_rows_name_the_physical_gpu_the_environment_read(monkeypatch):
+    """A profile row's gpu_uuid is the environment's (the results schema's column), and the profile schema holds it."""
+    from sdbench.measure import environment
+
+    monkeypatch.setattr(environment, "collect", lambda device: {"gpu_name": "NVIDIA H200", "gpu_uuid": "88017e5f-8bf7"})
+    found = profile._environment()
+    assert found["gpu_uuid"] == "88017e5f-8bf7" and found["gpu_name"] == "NVIDIA H200"
+    assert "gpu_uuid" in profile.profile_schema().names
