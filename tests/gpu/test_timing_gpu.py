@@ -3,6 +3,7 @@ CUPTI sees device time below the wall time, the launch floor is measured three w
 preset writes parquet end to end."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -215,11 +216,12 @@ def test_quick_preset_sweep_writes_parquet(tmp_path):
     assert {row["view"] for row in rows} == {"wall", "graph", "gpu"}
     assert all(row["device"] == "cuda" and row["gpu_name"] for row in rows)
     # the physical GPU, as the driver names it (nvidia-smi prints the same UUID with a "GPU-" prefix); under MIG CUDA
-    # names the instance instead, so only that a UUID was read is checked there
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True)
-    mig = "MIG" in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
-    if smi.returncode == 0 and not mig:
-        uuids = {line.strip().removeprefix("GPU-") for line in smi.stdout.splitlines() if line.strip()}
+    # names the instance instead, so only that a UUID was read is checked there (and where nvidia-smi is absent)
+    smi = shutil.which("nvidia-smi")
+    listed = subprocess.run([smi, "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True) if smi else None
+    mig = smi is not None and "MIG" in subprocess.run([smi, "-L"], capture_output=True, text=True).stdout
+    if listed is not None and listed.returncode == 0 and not mig:
+        uuids = {line.strip().removeprefix("GPU-") for line in listed.stdout.splitlines() if line.strip()}
         assert {row["gpu_uuid"] for row in rows} <= uuids and len({row["gpu_uuid"] for row in rows}) == 1
     else:
         assert all(row["gpu_uuid"] for row in rows)
