@@ -40,6 +40,7 @@ from typing import TypeVar
 import torch
 
 from sdbench import registry
+from sdbench.commands.sweep import parse_points as parse_sweep_points
 from sdbench.measure import environment, timing
 from sdbench.ops import make_workload
 from sdbench.ops.launch_floor import launch_floor
@@ -122,11 +123,9 @@ def copies_that_fit(wanted: int, build: Callable[[], T], reserve_bytes: int = 0)
 
 
 def parse_points(text: str) -> list[VerifyConfig]:
-    points = []
-    for item in text.split(","):
-        batch, gamma, alpha, kv_dim = item.split(":")
-        points.append(VerifyConfig(batch_size=int(batch), gamma=int(gamma), alpha=float(alpha), kv_dim=int(kv_dim)))
-    return points
+    """batch:γ:α:kv_dim,... as configs; the syntax and its errors are `sweep --points`'."""
+    return [VerifyConfig(batch_size=batch, gamma=gamma, alpha=alpha, kv_dim=kv_dim)
+            for batch, gamma, alpha, kv_dim in parse_sweep_points(text)]
 
 
 # Room kept free while a point's copies are built, beyond the checks' own need (torch.equal's temporary of the packed
