@@ -141,9 +141,9 @@ def superseded(rows: Iterable[Mapping[str, Any]], key_of: Callable[[Mapping[str,
     read from its copies alone. Per implementation and view, and only where a copy row is `ok`: a copies sweep of
     fewer implementations, or one whose copies failed, leaves the other rows standing. Rows with a `placement` are
     never among them."""
-    rows = list(rows)
-    with_copies = {key_of(row) for row in rows if row.get("placement") is not None and row.get("status") == "ok"}
-    return {key_of(row) for row in rows if row.get("placement") is None and key_of(row) in with_copies}
+    keyed = [(key_of(row), row) for row in rows]  # one key a row: config_key and the settings regex are not free
+    with_copies = {key for key, row in keyed if row.get("placement") is not None and row.get("status") == "ok"}
+    return {key for key, row in keyed if row.get("placement") is None and key in with_copies}
 
 
 def without_superseded(rows: list[dict]) -> tuple[list[dict], int]:
