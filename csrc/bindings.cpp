@@ -300,6 +300,7 @@ struct ScanTiling {  // mirrors csrc/verify_pack_scan.cu: the tile rule's knobs,
   int64_t fixed_chunks = 0;
   int64_t late_load_bytes = 0;
   int64_t scan_mode = 0;
+  int64_t pairs = 0;
 };
 int64_t scan_state_elems();
 int64_t scan_max_batch();
@@ -315,7 +316,7 @@ namespace {
 
 // The tile rule's knobs (benchmarks vary them): 0 = the default; bounded so no product overflows.
 ScanTiling check_tiling(int64_t waves, int64_t max_tile_bytes, int64_t look_back_groups, int64_t min_tile_bytes,
-                        int64_t fixed_chunks, int64_t late_load_bytes, int64_t scan_mode) {
+                        int64_t fixed_chunks, int64_t late_load_bytes, int64_t scan_mode, int64_t pairs) {
   constexpr int64_t kMaxWaves = 1024, kMaxBytes = int64_t{1} << 40, kMaxGroups = 65536;
   TORCH_CHECK(waves >= 0 && waves <= kMaxWaves, "sdbench: tile_waves must be in [0, ", kMaxWaves, "], got ", waves);
   TORCH_CHECK(max_tile_bytes >= 0 && max_tile_bytes <= kMaxBytes, "sdbench: tile_max_bytes must be in [0, 2^40], got ",
@@ -328,7 +329,9 @@ ScanTiling check_tiling(int64_t waves, int64_t max_tile_bytes, int64_t look_back
   TORCH_CHECK(late_load_bytes >= 0 && late_load_bytes <= kMaxBytes,
               "sdbench: late_load_bytes must be in [0, 2^40], got ", late_load_bytes);
   TORCH_CHECK(scan_mode == 0 || scan_mode == 1, "sdbench: scan_mode must be in {0, 1}, got ", scan_mode);
-  return ScanTiling{waves, max_tile_bytes, look_back_groups, min_tile_bytes, fixed_chunks, late_load_bytes, scan_mode};
+  TORCH_CHECK(pairs >= 0 && pairs <= 2, "sdbench: pairs must be in {0, 1, 2}, got ", pairs);
+  return ScanTiling{waves,        max_tile_bytes,  look_back_groups, min_tile_bytes,
+                    fixed_chunks, late_load_bytes, scan_mode,        pairs};
 }
 
 void check_scan_state(const at::Tensor& scan_state, int64_t batch, const at::Device& device) {
@@ -341,7 +344,7 @@ void fused_scan_op(const at::Tensor& draft_tokens, const at::Tensor& target_toke
                    at::Tensor& accepted_lengths, at::Tensor& has_mismatch, at::Tensor& next_tokens,
                    at::Tensor& packed_kv, at::Tensor& packed_offsets, at::Tensor& scan_state, int64_t tile_waves,
                    int64_t tile_max_bytes, int64_t look_back_groups, int64_t tile_min_bytes,
-                   int64_t fixed_chunks, int64_t late_load_bytes, int64_t scan_mode) {
+                   int64_t fixed_chunks, int64_t late_load_bytes, int64_t scan_mode, int64_t pairs) {
   const auto [batch, gamma] = check_tokens(draft_tokens, target_tokens);
   check_output(accepted_lengths, "accepted_lengths", at::kLong, {batch}, draft_tokens.device());
   check_output(has_mismatch, "has_mismatch", at::kBool, {batch}, draft_tokens.device());
@@ -356,7 +359,7 @@ void fused_scan_op(const at::Tensor& draft_tokens, const at::Tensor& target_toke
                                  packed_offsets.data_ptr<int64_t>(), batch, gamma, row_bytes,
                                  scan_state.data_ptr<int64_t>(),
                                  check_tiling(tile_waves, tile_max_bytes, look_back_groups, tile_min_bytes,
-                                              fixed_chunks, late_load_bytes, scan_mode),
+                                              fixed_chunks, late_load_bytes, scan_mode, pairs),
                                  current_stream()),
                "fused_scan");
 }
@@ -364,7 +367,7 @@ void fused_scan_op(const at::Tensor& draft_tokens, const at::Tensor& target_toke
 void pack_scan_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths, at::Tensor& packed_kv,
                   at::Tensor& packed_offsets, at::Tensor& error_flags, at::Tensor& scan_state, int64_t tile_waves,
                   int64_t tile_max_bytes, int64_t look_back_groups, int64_t tile_min_bytes,
-                  int64_t fixed_chunks, int64_t late_load_bytes, int64_t scan_mode) {
+                  int64_t fixed_chunks, int64_t late_load_bytes, int64_t scan_mode, int64_t pairs) {
   check_cuda_contiguous(draft_kv, "draft_kv", draft_kv.device());
   TORCH_CHECK(draft_kv.dim() == 3, "sdbench: draft_kv must be [B, gamma, kv_dim], got ", draft_kv.sizes());
   const int64_t batch = draft_kv.size(0), gamma = draft_kv.size(1);
@@ -380,16 +383,16 @@ void pack_scan_op(const at::Tensor& draft_kv, const at::Tensor& accepted_lengths
                                 packed_offsets.data_ptr<int64_t>(), error_flags.data_ptr<int32_t>(), batch, gamma,
                                 row_bytes, scan_state.data_ptr<int64_t>(),
                                 check_tiling(tile_waves, tile_max_bytes, look_back_groups, tile_min_bytes, fixed_chunks,
-                                              late_load_bytes, scan_mode),
+                                              late_load_bytes, scan_mode, pairs),
                                 current_stream()),
                "pack_scan");
 }
 
 void fused_scan_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&,
                      at::Tensor&, at::Tensor&, at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                     int64_t) {}
+                     int64_t, int64_t) {}
 void pack_scan_meta(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, int64_t,
-                    int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {}
+                    int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {}
 
 }  // namespace
 }  // namespace sdbench
@@ -399,12 +402,12 @@ TORCH_LIBRARY_FRAGMENT(sdbench, m) {
       "fused_scan(Tensor draft_tokens, Tensor target_tokens, Tensor draft_kv, Tensor(a!) accepted_lengths, "
       "Tensor(b!) has_mismatch, Tensor(c!) next_tokens, Tensor(d!) packed_kv, Tensor(e!) packed_offsets, "
       "Tensor(f!) scan_state, int tile_waves=0, int tile_max_bytes=0, int look_back_groups=0, "
-      "int tile_min_bytes=0, int fixed_chunks=0, int late_load_bytes=0, int scan_mode=0) -> ()");
+      "int tile_min_bytes=0, int fixed_chunks=0, int late_load_bytes=0, int scan_mode=0, int pairs=0) -> ()");
   m.def(
       "pack_scan(Tensor draft_kv, Tensor accepted_lengths, Tensor(a!) packed_kv, Tensor(b!) packed_offsets, "
       "Tensor(c!) error_flags, Tensor(d!) scan_state, int tile_waves=0, int tile_max_bytes=0, "
       "int look_back_groups=0, int tile_min_bytes=0, int fixed_chunks=0, int late_load_bytes=0, "
-      "int scan_mode=0) -> ()");
+      "int scan_mode=0, int pairs=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(sdbench, CUDA, m) {

@@ -27,6 +27,9 @@
 //   6. counts itself finished in the low word of state[0]; the last block writes (epoch + 1) << 32, so
 //      the next launch on the stream starts one epoch on, without a reset launch and without the host
 //      (CUDA-graph replays advance it on the device).
+// Tiles in pairs (docs/perf-notes.md, "Session 45"): in a grid of several waves of tiles at the cap, a launch after
+// one that accepted under half its rows (a bit the last block leaves beside the epoch) has block 2j do tiles 2j and
+// 2j + 1 as one, and block 2j + 1 leave: the fixed chain of step 2-4 is paid once for twice the accepted rows.
 // Status words are one 64-bit value each (epoch:30 | flag:2 | value:32), read and written with
 // relaxed 64-bit accesses, so no fence orders them against other data.
 // Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints), 8 KiB of the copy's shift table (kShiftRows ints) + ~230
@@ -59,6 +62,7 @@ struct ScanTiling {
   int64_t fixed_chunks = 0;      // 1: a sequence's chunks copy fixed byte ranges (the rule before the even split)
   int64_t late_load_bytes = 0;   // in one wave, chunks of this much KV or more load after the look-back
   int64_t scan_mode = 0;         // 1: tiles of <= 32 sequences scan in shared memory too, as before session 33
+  int64_t pairs = 0;             // tiles taken in pairs: 0 by the previous launch's acceptance, 1 never, 2 always
 };
 int64_t scan_state_elems() { return 1 + kScanMaxGroups; }
 int64_t scan_max_batch() { return kScanMaxBatch; }
@@ -86,6 +90,9 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpScanSeqs = 32;
 constexpr unsigned kAggregate = 1, kInclusive = 2;
 constexpr unsigned kEpochMask = (1u << 30) - 1;
+// The high word of state[0]: the launch's epoch in its low 31 bits, and kPairBit, which the previous launch's last
+// block sets when that launch accepted under half its rows (finish_block): then this launch takes tiles in pairs.
+constexpr unsigned kPairBit = 1u << 31, kEpochBits = kPairBit - 1u;
 
 __device__ __forceinline__ unsigned long long pack_status(unsigned epoch, unsigned flag, unsigned value) {
   return (static_cast<unsigned long long>(epoch & kEpochMask) << 34) | (static_cast<unsigned long long>(flag) << 32) |
@@ -131,6 +138,7 @@ struct TileShape {
   bool late_loads;      // a chunk loads its first copy round after the look-back, not during it (tile_shape)
   bool warp_scan;       // tiles of <= kWarpScanSeqs sequences: every warp scans the lengths (tile_shape)
   RowDivider row_of;    // a destination unit's row: unit / (row_bytes / sizeof(V)), set at launch (ShiftTable)
+  int pairs;            // tiles 2j and 2j + 1 are one: 0 never, 1 when the state's kPairBit is set, 2 always
 };
 
 // ---- lengths ----------------------------------------------------------------------------------------
@@ -448,11 +456,22 @@ struct TileCopy {
 // zeroes the count, so the next launch in stream order (a CUDA-graph replay too) starts one epoch on.
 // Counted at the end, after the block read the epoch and looked back: when the count is full, no
 // block of this launch can still read either. Thread 0; the block's stores need not have landed.
-__device__ __forceinline__ void finish_block(unsigned long long* scan_state, unsigned epoch) {
+// The last block also sets kPairBit for the next launch when this one accepted under half its rows: the last
+// group's INCLUSIVE word holds them. Its read is relaxed and may find an older epoch's word; the bit then stays
+// as it was. Outputs never depend on the bit (it only groups tiles), and every block of a launch reads the one
+// value, written before the launch's first block reads the epoch.
+__device__ __forceinline__ void finish_block(unsigned long long* scan_state, unsigned high, const TileShape& shape) {
   if (threadIdx.x == 0) {
     const unsigned long long done = atomicAdd(scan_state, 1ull);
     if ((done & 0xffffffffull) == gridDim.x - 1u) {
-      atomicExch(scan_state, static_cast<unsigned long long>(epoch + 1u) << 32);
+      const unsigned epoch = high & kEpochBits;
+      unsigned pair = high & kPairBit;
+      const int64_t last_group = gridDim.x / shape.chunks_per_seq - 1;
+      const unsigned long long word = load_relaxed(scan_state + 1 + last_group);
+      if (status_flag(word) == kInclusive && status_epoch(word) == (epoch & kEpochMask)) {
+        pair = 2 * static_cast<int64_t>(status_value(word)) < shape.batch * shape.gamma ? kPairBit : 0u;
+      }
+      atomicExch(scan_state, static_cast<unsigned long long>(((epoch + 1u) & kEpochBits) | pair) << 32);
     }
   }
 }
@@ -499,23 +518,43 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // epoch while the tokens load; it does not change before every block of the launch has finished.
   if (threadIdx.x == 0) s_epoch = static_cast<unsigned>(load_relaxed(scan_state) >> 32);
   const int64_t tile = blockIdx.x;
-  const int64_t group = tile / shape.chunks_per_seq, chunk = tile % shape.chunks_per_seq;
-  const int64_t first_seq = group * shape.seqs_per_tile;
-  const int count = static_cast<int>(min(static_cast<int64_t>(shape.seqs_per_tile), shape.batch - first_seq));
+  const int group = static_cast<int>(tile / shape.chunks_per_seq), chunk = static_cast<int>(tile % shape.chunks_per_seq);
+  const int64_t first_seq = static_cast<int64_t>(group) * shape.seqs_per_tile;
+  int count = static_cast<int>(min(static_cast<int64_t>(shape.seqs_per_tile), shape.batch - first_seq));
   const int gamma = static_cast<int>(shape.gamma);
   const bool publisher = chunk == 0;
   unsigned long long* status = scan_state + 1;
 
+  // Tiles in pairs (docs/perf-notes.md, "Session 45"; shapes of whole-sequence tiles only, tile_shape): when this
+  // launch pairs, block 2j verifies and copies tiles 2j and 2j + 1 as one, and block 2j + 1 leaves. Block 2j starts
+  // on its own sequences at once and learns the decision from the epoch word, loaded beside its tokens; block 2j + 1
+  // waits for that word, one L2 round trip, before it verifies anything.
+  if (shape.pairs != 0 && (tile & 1) != 0) {
+    __syncthreads();
+    if (shape.pairs == 2 || (s_epoch & kPairBit) != 0u) {
+      finish_block(scan_state, s_epoch, shape);
+      return;
+    }
+  }
   timeline_mark(0);
   lengths.fill(s_row_end, first_seq, count, gamma, publisher && writes_verdict);
   __syncthreads();
   timeline_mark(1);
-  const unsigned epoch = s_epoch;
+  const unsigned epoch = s_epoch & kEpochBits;
+  // paired: this block's tile and the next group's, whose lengths go after its own in s_row_end
+  const int first_count = count;
+  const bool paired = shape.pairs != 0 && (shape.pairs == 2 || (s_epoch & kPairBit) != 0u) && tile + 1 < gridDim.x;
+  if (paired) {
+    count += static_cast<int>(min(static_cast<int64_t>(shape.seqs_per_tile), shape.batch - first_seq - first_count));
+    lengths.fill(s_row_end + first_count, first_seq + first_count, count - first_count, gamma, writes_verdict);
+    __syncthreads();
+  }
+  const int last_group = group + (paired ? 1 : 0);  // published INCLUSIVE after the look-back
   // Tiles of at most 32 sequences: every warp scans the lengths in registers (lane i: sequence i), so the
   // publish waits for no further barrier, and a one-sequence tile's loads neither (docs/perf-notes.md, "Session
   // 33"). s_row_end keeps the lengths there; warp 0 writes the row ends to s_ends, read after a barrier by tiles
   // of two or more sequences only.
-  int64_t tile_rows;
+  int tile_rows, first_rows;      // the tile's accepted rows, and those of its first group (a pair's two differ)
   if constexpr (kWarpScan) {
     const int lane = threadIdx.x % 32;
     int row_end = lane < count ? s_row_end[lane] : 0;
@@ -525,22 +564,27 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       if (lane >= delta) row_end += up;
     }
     tile_rows = __shfl_sync(kFullMask, row_end, 31);
+    first_rows = __shfl_sync(kFullMask, row_end, first_count - 1);
     if (threadIdx.x < 32) s_ends[lane] = row_end;
   } else {
     block_inclusive_scan(s_row_end, count, s_warp_totals);
     tile_rows = s_row_end[count - 1];
+    first_rows = s_row_end[first_count - 1];
   }
   const int* row_ends = kWarpScan ? s_ends : s_row_end;  // inclusive, per sequence of the tile
   if (publisher && threadIdx.x == 0) {
-    store_relaxed(status + group, pack_status(epoch, group == 0 ? kInclusive : kAggregate,
-                                              static_cast<unsigned>(tile_rows)));
+    // a pair publishes both its groups' sums; group 0's are INCLUSIVE at once
+    const unsigned flag = group == 0 ? kInclusive : kAggregate;
+    if (paired) store_relaxed(status + group, pack_status(epoch, flag, static_cast<unsigned>(first_rows)));
+    store_relaxed(status + last_group,
+                  pack_status(epoch, flag, static_cast<unsigned>(paired && group != 0 ? tile_rows - first_rows : tile_rows)));
   }
 
-  const int64_t accepted_bytes = tile_rows * shape.row_bytes;
+  const int64_t accepted_bytes = static_cast<int64_t>(tile_rows) * shape.row_bytes;
   int64_t source_chunk = 0, tile_bytes = accepted_bytes;
   if (shape.seqs_per_tile == 1) chunk_of_accepted<V>(shape, chunk, accepted_bytes, source_chunk, tile_bytes);
   if (!publisher && tile_bytes == 0) {  // nothing of this sequence's accepted rows is left to this chunk
-    finish_block(scan_state, epoch);
+    finish_block(scan_state, s_epoch, shape);
     return;
   }
 
@@ -556,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const int64_t prefix = group == 0 ? 0 : look_back(status, group, epoch, s_look_back);
     timeline_mark(2);
     if (publisher && group != 0 && threadIdx.x == 0) {
-      store_relaxed(status + group, pack_status(epoch, kInclusive, static_cast<unsigned>(prefix + tile_rows)));
+      store_relaxed(status + last_group, pack_status(epoch, kInclusive, static_cast<unsigned>(prefix + tile_rows)));
     }
     if (publisher) {
       // row_ends[local - 1] for local >= 1 only: tiles of 2+ sequences passed the barrier before copy_tile (s_ends)
@@ -592,7 +636,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
   }
   timeline_mark(3);
-  finish_block(scan_state, epoch);
+  finish_block(scan_state, s_epoch, shape);
 }
 
 // ---- host ---------------------------------------------------------------------------------------------
@@ -693,6 +737,15 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   seqs = seqs < 1 ? 1 : (seqs > kScanMaxTileSeqs ? kScanMaxTileSeqs : seqs);
   shape.seqs_per_tile = static_cast<int>(seqs);
   shape.warp_scan = shape.warp_scan && seqs <= kWarpScanSeqs;
+  // Tiles in pairs where the launch before accepted under half its rows (docs/perf-notes.md, "Session 45"): in a grid
+  // of more than `waves` waves of tiles at the cap, a block's fixed chain (tokens, verdict, look-back) is paid for
+  // ~2.4 copy rounds at α = 0.3; tiles of twice the cap were 1-6% faster there and up to 3.3% slower at α = 0.9
+  // (scale-kv/experiments/tile-size-at-low-acceptance/). A pair must still fit its scan (32 sequences a warp scan)
+  // and be two tiles of at most the cap each (not the two-sequence tiles of large slabs above).
+  const bool pairable = 2 * seqs <= (shape.warp_scan ? kWarpScanSeqs : kScanMaxTileSeqs) &&
+                        seqs * shape.slab_bytes <= tiling.max_tile_bytes;
+  if (pairable && tiling.pairs == 2) shape.pairs = 2;
+  if (pairable && tiling.pairs == 0 && total_bytes > target_blocks * tiling.max_tile_bytes) shape.pairs = 1;
   return shape;
 }
 

@@ -4,9 +4,9 @@
 //   build/tile_shape_probe 132 256:32:8192 32:128:8192:late=32768 256:32:8192:waves=2
 //
 // First the SM count, then points batch:γ:row_bytes with optional :knob=value (ScanTiling's fields: waves,
-// max_tile_bytes, look_back_groups, min_tile_bytes, fixed_chunks, late_load_bytes as `late`, scan_mode). One line
-// a point:
-//   <point> chunks_per_seq=<n> seqs_per_tile=<n> chunk_bytes=<n> warp_scan=<0|1> late_loads=<0|1>
+// max_tile_bytes, look_back_groups, min_tile_bytes, fixed_chunks, late_load_bytes as `late`, scan_mode, pairs). One
+// line a point:
+//   <point> chunks_per_seq=<n> seqs_per_tile=<n> chunk_bytes=<n> warp_scan=<0|1> late_loads=<0|1> pairs=<0|1|2>
 // tests/test_csrc_compile.py checks the rule's documented cases with it (CI has nvcc and no GPU).
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
         else if (knob == "fixed_chunks") tiling.fixed_chunks = value;
         else if (knob == "late") tiling.late_load_bytes = value;
         else if (knob == "scan_mode") tiling.scan_mode = value;
+        else if (knob == "pairs") tiling.pairs = value;
         else {
           fprintf(stderr, "unknown knob %s\n", knob.c_str());
           return 2;
@@ -52,9 +53,9 @@ int main(int argc, char** argv) {
       start = colon + 1;
     }
     const scan::TileShape shape = scan::tile_shape(numbers[0], numbers[1], numbers[2], sms, tiling);
-    printf("%s chunks_per_seq=%d seqs_per_tile=%d chunk_bytes=%lld warp_scan=%d late_loads=%d\n", point.c_str(),
+    printf("%s chunks_per_seq=%d seqs_per_tile=%d chunk_bytes=%lld warp_scan=%d late_loads=%d pairs=%d\n", point.c_str(),
            shape.chunks_per_seq, shape.seqs_per_tile, static_cast<long long>(shape.chunk_bytes),
-           shape.warp_scan ? 1 : 0, shape.late_loads ? 1 : 0);
+           shape.warp_scan ? 1 : 0, shape.late_loads ? 1 : 0, shape.pairs);
   }
   return 0;
 }

@@ -13,7 +13,9 @@ ranges of its slab, the rule before the accepted bytes were split evenly over th
 one wave of resident blocks or less, chunks of a sequence of at least KiB of worst-case KV load their first
 copy round after the look-back, not during it; default 64; l65536 keeps the loads of every chunk up to 64 MiB
 during the look-back), `b1` (tiles of at most 32 sequences scan their lengths in shared memory and find a unit's
-source in a shift table or a search, as before session 33, not in every warp's registers); `default` changes
+source in a shift table or a search, as before session 33, not in every warp's registers), `p1` (tiles never in
+pairs) and `p2` (tiles always in pairs where the shape allows; by default a grid of several waves of tiles at the cap
+takes them in pairs when the launch before on the same state accepted under half its rows); `default` changes
 nothing. Each point also times --peers (default: fused, ballot+pack_cuda, ballot+pack_scan) and the launch floor (an
 empty kernel) in the same rotation, so every line reads against the others of its run; each row names the GPU
 (`gpu_uuid`). Times: the median over --iters calls, per L2 state and view (--views: `gpu`, CUPTI GPU time, the
@@ -59,10 +61,10 @@ def tiling(variant: str) -> dict[str, int]:
         if part in ("default", ""):
             continue
         kind, digits = part[0], part[1:]
-        bad_flag = kind in "fb" and digits != "1"
-        if kind not in "wtgmflb" or not digits.isdigit() or not 1 <= int(digits) <= 65536 or bad_flag:
+        bad_flag = (kind in "fb" and digits != "1") or (kind == "p" and digits not in ("1", "2"))
+        if kind not in "wtgmflbp" or not digits.isdigit() or not 1 <= int(digits) <= 65536 or bad_flag:
             raise ValueError(f"unknown variant part {part!r}: w<waves>, t<KiB>, m<KiB>, g<groups>, l<KiB> "
-                             "(1..65536), f1, b1 or default")
+                             "(1..65536), f1, b1, p1, p2 or default")
         value = int(digits)
         if kind == "w":
             changes["tile_waves"] = value
@@ -76,6 +78,8 @@ def tiling(variant: str) -> dict[str, int]:
             changes["late_load_bytes"] = value * 1024
         elif kind == "b":
             changes["scan_mode"] = value
+        elif kind == "p":
+            changes["pairs"] = value
         else:
             changes["look_back_groups"] = value
     return changes

@@ -24,6 +24,7 @@ from sdbench.ops.workload import VerifyConfig
 SCAN_IMPLS = {"verify_pack": ("fused_scan", "ballot+pack_scan"), "pack": ("pack_scan",)}
 DTYPE_PAIRS = (("int64", "float16"), ("int32", "bfloat16"))
 TILE_BYTES = 32 * 1024  # csrc/verify_pack_scan.cu kTileBytes: slabs above it are split over blocks
+EPOCH_BITS = (1 << 31) - 1  # the high word of state[0]: the epoch below kPairBit (bit 63 of the int64)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -136,7 +137,7 @@ def test_one_state_serves_different_grids_in_turn():
         torch.cuda.synchronize()
         assert parity.compare(pack(w.draft_kv, w.accepted_lengths), out) is None, cfg
     assert int(state[0]) & 0xFFFFFFFF == 0, "the count of finished blocks is back at 0 after every launch"
-    assert int(state[0]) >> 32 == 2 * len(configs), "one epoch per launch"
+    assert (int(state[0]) >> 32) & EPOCH_BITS == 2 * len(configs), "one epoch per launch"
 
 
 # --- tile rules ---------------------------------------------------------------------------------------------
@@ -157,7 +158,12 @@ TILINGS = [{}, {"tile_waves": 4}, {"tile_waves": 2, "look_back_groups": 256},
            {"tile_min_bytes": 256 << 10, "tile_max_bytes": 256 << 10},
            # tiles of at most 32 sequences scanned in shared memory, as before session 33 (their sources from the
            # search or the shift table), not in every warp's registers
-           {"scan_mode": 1}, {"scan_mode": 1, "tile_waves": 4}]
+           {"scan_mode": 1}, {"scan_mode": 1, "tile_waves": 4},
+           # tiles always in pairs where a pair fits its scan (the default pairs only grids of several waves, by the
+           # previous launch's acceptance: test_tiles_pair_after_a_launch_that_accepted_under_half), in both scans,
+           # with more groups, and never
+           {"pairs": 2}, {"pairs": 2, "scan_mode": 1}, {"pairs": 2, "tile_waves": 4},
+           {"pairs": 2, "tile_min_bytes": 1 << 20, "tile_max_bytes": 1 << 20}, {"pairs": 1}]
 TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5, kv_dim=1024, token_dtype="int32"),
                 VerifyConfig(4096, 8, 0.6, kv_dim=128), VerifyConfig(1024, 8, 0.3, kv_dim=4096),
                 VerifyConfig(65537, 3, 0.7, kv_dim=64, dist="geometric"),
@@ -248,7 +254,8 @@ def test_warp_scanned_tiles_find_every_source(cfg, tiling):
 
 @pytest.mark.parametrize("knob, value", [("tile_waves", 2 ** 62), ("tile_waves", -1), ("tile_max_bytes", 2 ** 41),
                                          ("tile_min_bytes", -5), ("look_back_groups", 65537),
-                                         ("fixed_chunks", 2), ("late_load_bytes", -1), ("scan_mode", 2)])
+                                         ("fixed_chunks", 2), ("late_load_bytes", -1), ("scan_mode", 2),
+                                         ("pairs", 3), ("pairs", -1)])
 def test_tile_knobs_out_of_range_are_a_clear_error(knob, value):
     from sdbench.ops.backends import cuda_ops
     from sdbench.ops.pack.outputs import pack_outputs
@@ -297,6 +304,110 @@ def test_a_state_made_during_capture_is_the_graphs_own():
         graph.replay()
         torch.cuda.synchronize()
         assert parity.compare(expected, got) is None
+
+
+# --- tiles in pairs -----------------------------------------------------------------------------------------
+# By default a grid of several waves of tiles at the cap takes its tiles in pairs when the launch before on the same
+# state accepted under half its rows: the last block sets bit 63 of state[0] (kPairBit), and the next launch reads it
+# with its epoch. tile_max_bytes = 32 KiB (the least: the cap is whole copy rounds) makes such a grid small: 16,384
+# slabs of 2 KiB, 16 a tile, 1,024 tiles of 32 KiB, more than one wave on a GPU of fewer than 256 SMs. A paired launch leaves the pair's first group's status word
+# AGGREGATE (only the pair's second is made INCLUSIVE); an unpaired one makes every group's word INCLUSIVE.
+PAIRED_TILES = {"tile_max_bytes": 32 * 1024}
+PAIR_BIT = 1 << 63
+
+
+def _status_flags(state: torch.Tensor, groups: int) -> set[int]:
+    return {(int(word) >> 32) & 3 for word in state[1:1 + groups].tolist()}
+
+
+def _launch(op: str, w, state, tiling) -> dict:
+    from sdbench.ops.backends import cuda_ops
+    from sdbench.ops.pack.outputs import pack_outputs
+    from sdbench.ops.verify.cuda_impls import verify_outputs
+
+    if op == "verify_pack":
+        out = {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
+        parity.poison(out)
+        cuda_ops().fused_scan(w.draft_tokens, w.target_tokens, w.draft_kv, out["accepted_lengths"],
+                              out["has_mismatch"], out["next_tokens"], out["packed_kv"], out["packed_offsets"],
+                              state, **tiling)
+    else:
+        out = pack_outputs(w)
+        parity.poison(out)
+        cuda_ops().pack_scan(w.draft_kv, w.accepted_lengths, out["packed_kv"], out["packed_offsets"],
+                             out["error_flags"], state, **tiling)
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("op", ["verify_pack", "pack"])
+def test_tiles_pair_after_a_launch_that_accepted_under_half(op):
+    """Launch after launch on one state, each checked against the reference: the bit follows the launch before
+    (nothing accepted, then 30% and 90% of rows), a launch pairs exactly when the bit was set as it started (read from
+    the status words it leaves), and `pairs=1` never pairs though it still sets the bit for the next."""
+    state = scan_state("cuda")
+    groups = 1024
+    fixed = {"dist": "fixed", "alpha": 0.5}
+    steps = [(VerifyConfig(16384, 8, kv_dim=128, fixed_length=0, **fixed), {}, False),  # a fresh state: no bit
+             (VerifyConfig(16384, 8, 0.3, kv_dim=128, seed=1), {}, True),  # nothing accepted before
+             (VerifyConfig(16384, 8, 0.9, kv_dim=128, seed=2), {}, True),  # ~30% before
+             (VerifyConfig(16384, 8, 0.3, kv_dim=128, seed=3), {}, False),  # ~90% before
+             (VerifyConfig(16384, 8, 0.3, kv_dim=128, seed=4), {"pairs": 1}, False),  # never, though ~30% before
+             (VerifyConfig(16384, 8, kv_dim=128, fixed_length=8, **fixed), {}, True),  # ~30% before
+             (VerifyConfig(16384, 8, kv_dim=128, fixed_length=4, **fixed), {}, False),  # all before
+             (VerifyConfig(16384, 8, kv_dim=128, fixed_length=3, **fixed), {}, False),  # half before: not under
+             (VerifyConfig(16384, 8, kv_dim=128, fixed_length=0, **fixed), {}, True)]  # 3 of 8 before
+    for launch, (cfg, knobs, pairs) in enumerate(steps):
+        w = make_workload(op, cfg, "cuda")
+        started_with_bit = bool(int(state[0]) & PAIR_BIT)
+        out = _launch(op, w, state, {**PAIRED_TILES, **knobs})
+        expected = parity.expected_outputs(op, w)
+        assert parity.compare(expected, out) is None, (launch, parity.compare(expected, out))
+        flags = _status_flags(state, groups)
+        assert flags == ({1, 2} if pairs else {2}), (launch, started_with_bit, flags)
+        assert started_with_bit == (pairs or "pairs" in knobs), launch
+        last = expected["accepted_lengths"][-1] if op == "verify_pack" else w.accepted_lengths[-1].clamp(0, cfg.gamma)
+        rows = int(expected["packed_offsets"][-1]) + int(last)
+        assert bool(int(state[0]) & PAIR_BIT) == (2 * rows < cfg.batch_size * cfg.gamma), launch
+        assert (int(state[0]) >> 32) & EPOCH_BITS == launch + 1 and int(state[0]) & 0xFFFFFFFF == 0, launch
+
+
+def test_paired_graph_replays_follow_the_replay_before():
+    """A CUDA graph of one fused_scan launch replayed over inputs that alternate low and high acceptance: each replay
+    pairs or not by the replay before (the bit moves on the GPU, no host in the loop), and every replay's outputs are
+    the reference's."""
+    from sdbench.ops.pack.outputs import pack_outputs
+    from sdbench.ops.verify.cuda_impls import verify_outputs
+
+    cfg = VerifyConfig(16384, 8, 0.3, kv_dim=128)
+    workload = make_workload("verify_pack", cfg, "cuda")
+    sources = [make_workload("verify_pack", cfg.replace(seed=9 + i, alpha=alpha), "cuda")
+               for i, alpha in enumerate((0.2, 0.95, 0.95, 0.2, 0.2, 0.95))]
+    state = scan_state("cuda")
+    out = {**verify_outputs(workload), **pack_outputs(workload, error_flags=False)}
+    args = (workload.draft_tokens, workload.target_tokens, workload.draft_kv, out["accepted_lengths"],
+            out["has_mismatch"], out["next_tokens"], out["packed_kv"], out["packed_offsets"], state)
+    from sdbench.ops.backends import cuda_ops
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cuda_ops().fused_scan(*args, **PAIRED_TILES)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cuda_ops().fused_scan(*args, **PAIRED_TILES)
+    previous_low = True  # the launch before the capture: α = 0.3, ~30% of rows
+    for source in sources:
+        _load_inputs(workload, source)
+        parity.poison(out)
+        started_with_bit = bool(int(state[0]) & PAIR_BIT)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert parity.compare(parity.expected_outputs("verify_pack", source), out) is None
+        assert _status_flags(state, 1024) == ({1, 2} if started_with_bit else {2})
+        assert started_with_bit == previous_low
+        previous_low = source.config.alpha < 0.5
 
 
 # --- sync-free and graph replay ------------------------------------------------------------------------
@@ -390,6 +501,20 @@ failed = 0
 for op, name, cfg in cases:
     failure = parity.check(registry.get(op, name), make_workload(op, cfg, "cuda"))
     print(op, name, "ok" if failure is None else failure, flush=True)
+    failed += failure is not None
+# tiles in pairs (pairs=2): a pair's first block verifies and copies both tiles, the second block leaves
+from sdbench.ops.backends import cuda_ops
+from sdbench.ops.pack.outputs import pack_outputs
+from sdbench.ops.pack.scan_impls import scan_state
+from sdbench.ops.verify.cuda_impls import verify_outputs
+for cfg in (VerifyConfig(1000, 8, 0.3, kv_dim=64), VerifyConfig(333, 33, 0.3, kv_dim=16)):
+    w = make_workload("verify_pack", cfg, "cuda")
+    out = {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
+    parity.poison(out)
+    cuda_ops().fused_scan(w.draft_tokens, w.target_tokens, w.draft_kv, out["accepted_lengths"], out["has_mismatch"],
+                          out["next_tokens"], out["packed_kv"], out["packed_offsets"], scan_state("cuda"), pairs=2)
+    failure = parity.compare(parity.expected_outputs("verify_pack", w), out)
+    print("verify_pack fused_scan pairs=2", cfg.batch_size, "ok" if failure is None else failure, flush=True)
     failed += failure is not None
 sys.exit(1 if failed else 0)
 """

@@ -20,7 +20,7 @@ from sdbench.registry import BufferedRun, Implementation, Outputs, register
 
 def prepare_fused_scan(w: VerifyWorkload, out: Outputs | None = None, **tiling: int) -> BufferedRun:
     """tiling: the kernel's tile-rule keywords (tile_waves, tile_max_bytes, tile_min_bytes,
-    look_back_groups, fixed_chunks, late_load_bytes, scan_mode; none: its defaults), which
+    look_back_groups, fixed_chunks, late_load_bytes, scan_mode, pairs; none: its defaults), which
     sdbench.commands.scan_tiles varies."""
     op = cuda_ops().fused_scan
     out = out if out is not None else {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
