@@ -2,7 +2,10 @@
 
 The kernel keeps its look-back flags and launch epoch in a `scan_state`, zeroed once and reused by every
 call in stream order (graph replays advance the epoch on the GPU): one state per stream
-(`stream_scan_state`), since launches on one stream never overlap.
+(`stream_scan_state`), since launches on one stream never overlap. Beside the epoch, each launch leaves a bit
+saying whether it accepted under half its rows; in a grid of several waves the next launch on the state then
+takes its tiles in pairs (docs/perf-notes.md, "Session 45"). The bit moves only the grouping, never an output,
+so launches of different workloads may share a state.
 """
 
 from __future__ import annotations
