@@ -7,7 +7,7 @@
 // bytes are split evenly over its chunk blocks, at least one copy round each, see chunk_of_accepted), sized
 // by tile_shape so the grid is about one wave of resident blocks, each tile 8-256 KiB of worst-case KV (more
 // waves at large work), so b=1 and b=65,536 both fill the GPU.
-// Block i handles tile i:
+// Block i handles tile i (unless the launch takes tiles in pairs, below):
 //   1. reads the launch's epoch (the high word of state[0]) while its tokens load;
 //   2. finds its sequences' accepted lengths (fused: warp ballots, ceil-pow2(γ) lanes per sequence for
 //      γ <= 32, one warp per sequence above; pack: loads them, clamped to [0, γ]) and scans them: in every
@@ -24,12 +24,14 @@
 //      index order, as CUB's single-pass scan assumes);
 //   5. stores the vectors at prefix * row_bytes + (chunk's first byte) + offset; chunk 0 writes packed_offsets and,
 //      fused, the verify outputs;
-//   6. counts itself finished in the low word of state[0]; the last block writes (epoch + 1) << 32, so
-//      the next launch on the stream starts one epoch on, without a reset launch and without the host
-//      (CUDA-graph replays advance it on the device).
+//   6. counts itself finished in the low word of state[0]; the last block writes epoch + 1 (and kPairBit, below)
+//      to the high word and zeroes the count, so the next launch on the stream starts one epoch on, without a
+//      reset launch and without the host (CUDA-graph replays advance it on the device).
 // Tiles in pairs (docs/perf-notes.md, "Session 45"): in a grid of several waves of tiles at the cap, a launch after
-// one that accepted under half its rows (a bit the last block leaves beside the epoch) has block 2j do tiles 2j and
-// 2j + 1 as one, and block 2j + 1 leave: the fixed chain of step 2-4 is paid once for twice the accepted rows.
+// one that accepted under half its rows (kPairBit, which the last block leaves beside the epoch) has block 2j do
+// tiles 2j and 2j + 1 as one, and block 2j + 1 leave: the fixed chain of steps 2-4 is paid once for twice the
+// accepted rows. Block 2j publishes both groups' words (step 2) and, after its look-back, INCLUSIVE on the second
+// only: the first group's word stays AGGREGATE.
 // Status words are one 64-bit value each (epoch:30 | flag:2 | value:32), read and written with
 // relaxed 64-bit accesses, so no fence orders them against other data.
 // Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints), 8 KiB of the copy's shift table (kShiftRows ints) + ~230
@@ -128,6 +130,9 @@ struct RowDivider {
   }
 };
 
+// A shape's pairing, resolved by tile_shape from ScanTiling::pairs (whose 0 is kByBit where the shape allows).
+enum Pairing : int { kNever = 0, kByBit = 1, kAlways = 2 };
+
 struct TileShape {
   int64_t batch, gamma, row_bytes;
   int64_t slab_bytes;   // gamma * row_bytes: one sequence's draft KV
@@ -138,7 +143,7 @@ struct TileShape {
   bool late_loads;      // a chunk loads its first copy round after the look-back, not during it (tile_shape)
   bool warp_scan;       // tiles of <= kWarpScanSeqs sequences: every warp scans the lengths (tile_shape)
   RowDivider row_of;    // a destination unit's row: unit / (row_bytes / sizeof(V)), set at launch (ShiftTable)
-  int pairs;            // tiles 2j and 2j + 1 are one: 0 never, 1 when the state's kPairBit is set, 2 always
+  Pairing pairing;      // whether tiles 2j and 2j + 1 are one (tile_shape; ScanTiling::pairs is the knob)
 };
 
 // ---- lengths ----------------------------------------------------------------------------------------
@@ -299,7 +304,8 @@ __device__ __forceinline__ void timeline_poll() {}
 // exclusive prefix. A window of 256 groups, not a warp's 32, because at launch every block looks back
 // at once and the INCLUSIVE words appear one window at a time: group g waits ~g / window steps, each an
 // L2 round trip (one warp made group 255 of b = 256 walk 8 of them). Every earlier group's block has
-// started (index order), and publishes its AGGREGATE before it waits on anything, so the spin ends.
+// started (index order), and publishes its AGGREGATE before it waits on anything (in a paired launch, block 2j
+// publishes groups 2j and 2j + 1's, and block 2j + 1 leaves), so the spin ends.
 // Returns the same prefix to every thread; ends with a barrier.
 struct LookBackScratch {
   int first_inclusive[kWarps];
@@ -518,7 +524,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // epoch while the tokens load; it does not change before every block of the launch has finished.
   if (threadIdx.x == 0) s_epoch = static_cast<unsigned>(load_relaxed(scan_state) >> 32);
   const int64_t tile = blockIdx.x;
-  const int group = static_cast<int>(tile / shape.chunks_per_seq), chunk = static_cast<int>(tile % shape.chunks_per_seq);
+  const int group = static_cast<int>(tile / shape.chunks_per_seq);
+  const int chunk = static_cast<int>(tile % shape.chunks_per_seq);
   const int64_t first_seq = static_cast<int64_t>(group) * shape.seqs_per_tile;
   int count = static_cast<int>(min(static_cast<int64_t>(shape.seqs_per_tile), shape.batch - first_seq));
   const int gamma = static_cast<int>(shape.gamma);
@@ -529,9 +536,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // launch pairs, block 2j verifies and copies tiles 2j and 2j + 1 as one, and block 2j + 1 leaves. Block 2j starts
   // on its own sequences at once and learns the decision from the epoch word, loaded beside its tokens; block 2j + 1
   // waits for that word, one L2 round trip, before it verifies anything.
-  if (shape.pairs != 0 && (tile & 1) != 0) {
+  if (shape.pairing != kNever && (tile & 1) != 0) {
     __syncthreads();
-    if (shape.pairs == 2 || (s_epoch & kPairBit) != 0u) {
+    if (shape.pairing == kAlways || (s_epoch & kPairBit) != 0u) {
       finish_block(scan_state, s_epoch, shape);
       return;
     }
@@ -541,10 +548,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   __syncthreads();
   timeline_mark(1);
   const unsigned epoch = s_epoch & kEpochBits;
-  // paired: this block's tile and the next group's, whose lengths go after its own in s_row_end
+  // paired: this block's tile and the next group's, whose lengths go after its own in s_row_end (the same test as
+  // the odd block's above, written out: as a helper function it changed the generated code)
   const int first_count = count;
-  const bool paired = shape.pairs != 0 && (shape.pairs == 2 || (s_epoch & kPairBit) != 0u) && tile + 1 < gridDim.x;
-  if (paired) {
+  const bool paired =
+      shape.pairing != kNever && (shape.pairing == kAlways || (s_epoch & kPairBit) != 0u) && tile + 1 < gridDim.x;
+  if (paired) {  // whole-sequence tiles only (tile_shape), so this block is its group's publisher
     count += static_cast<int>(min(static_cast<int64_t>(shape.seqs_per_tile), shape.batch - first_seq - first_count));
     lengths.fill(s_row_end + first_count, first_seq + first_count, count - first_count, gamma, writes_verdict);
     __syncthreads();
@@ -576,8 +585,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     // a pair publishes both its groups' sums; group 0's are INCLUSIVE at once
     const unsigned flag = group == 0 ? kInclusive : kAggregate;
     if (paired) store_relaxed(status + group, pack_status(epoch, flag, static_cast<unsigned>(first_rows)));
-    store_relaxed(status + last_group,
-                  pack_status(epoch, flag, static_cast<unsigned>(paired && group != 0 ? tile_rows - first_rows : tile_rows)));
+    store_relaxed(status + last_group,  // group 0's pair: INCLUSIVE, the whole tile's rows
+                  pack_status(epoch, flag,
+                              static_cast<unsigned>(paired && group != 0 ? tile_rows - first_rows : tile_rows)));
   }
 
   const int64_t accepted_bytes = static_cast<int64_t>(tile_rows) * shape.row_bytes;
@@ -720,7 +730,7 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   }
   // Round up where the cap allows (tile_bytes ~ total / target_blocks, so at most target_blocks groups),
   // else down: a tile never exceeds max_tile_bytes unless B itself needs more sequences per group (or the
-  // pairing of one-sequence tiles below).
+  // two-sequence tiles of large slabs just below; tiles in pairs, further below, join two tiles at launch).
   const int64_t rounded_up = (tile_bytes + shape.slab_bytes - 1) / shape.slab_bytes;
   int64_t seqs = rounded_up * shape.slab_bytes <= tiling.max_tile_bytes ? rounded_up : tile_bytes / shape.slab_bytes;
   // One whole sequence per tile, its slab over half the cap, where pairs still fill nine tenths of a wave: at
@@ -742,10 +752,11 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   // ~2.4 copy rounds at α = 0.3; tiles of twice the cap were 1-6% faster there and up to 3.3% slower at α = 0.9
   // (scale-kv/experiments/tile-size-at-low-acceptance/). A pair must still fit its scan (32 sequences a warp scan)
   // and be two tiles of at most the cap each (not the two-sequence tiles of large slabs above).
+  // Not with fixed_chunks: a one-sequence tile copies at most one slab there (chunk_of_accepted), not a pair's two.
   const bool pairable = 2 * seqs <= (shape.warp_scan ? kWarpScanSeqs : kScanMaxTileSeqs) &&
-                        seqs * shape.slab_bytes <= tiling.max_tile_bytes;
-  if (pairable && tiling.pairs == 2) shape.pairs = 2;
-  if (pairable && tiling.pairs == 0 && total_bytes > target_blocks * tiling.max_tile_bytes) shape.pairs = 1;
+                        seqs * shape.slab_bytes <= tiling.max_tile_bytes && !shape.fixed_chunks;
+  if (pairable && tiling.pairs == 2) shape.pairing = kAlways;
+  if (pairable && tiling.pairs == 0 && total_bytes > target_blocks * tiling.max_tile_bytes) shape.pairing = kByBit;
   return shape;
 }
 

@@ -56,8 +56,9 @@ def test_the_scan_timeline_tool_compiles():
     session 14's four ways of finding a unit's source, the kernel the tool times (fused, int64 tokens, 16-byte
     units) spills 12 bytes (20 loaded back) and pack_scan's (built, never timed) 24; the extension's build spills
     none (the test above). No arrangement of the marks tried removed it without changing the shipped kernel, so
-    the bound is exactly today's spill: any growth fails. Since session 45's tiles in pairs, fused's 16-byte kernel
-    that scans in shared memory spills 16 bytes (40 loaded back) and its warp-scan kernel none."""
+    the bound is the largest spill of a timed kernel today, and any growth fails: since session 45's tiles in pairs,
+    fused's 16-byte kernel that scans in shared memory spills 16 bytes (40 loaded back, 8 of stack), its warp-scan
+    kernel (the one the scale-kv timelines time) none."""
     [result] = ext.compile_sources("sm_90", paths=[ext.CSRC_DIR / "tools" / "scan_timeline.cu"])
     assert result.returncode == 0, ext.trim_build_error(result.output)
     kernels = ext.parse_ptxas(result.output, result.source)
@@ -113,7 +114,8 @@ def test_the_tile_rule_pairs_tiles_only_in_grids_of_several_waves_of_capped_tile
     tiles in pairs (when the launch before accepted under half its rows) only where the tiles are whole sequences at
     the 256 KiB cap in more than one wave of resident blocks (132 SMs x 4), and a pair still fits its scan: 32
     sequences a warp scan, and two tiles of at most the cap each. On the scale-kv grid (fp16 KV) that is exactly the
-    fifteen shapes below. `pairs=2` pairs wherever a pair fits, whatever the grid; `pairs=1` never."""
+    fifteen shapes below. `pairs=2` pairs wherever a pair fits, whatever the grid; `pairs=1` never; nor does a shape
+    with fixed_chunks."""
     grid = [f"{b}:{g}:{2 * kv}" for b in (1, 8, 32, 256, 1024, 4096, 16384, 65536) for g in (4, 8, 32, 128)
             for kv in (64, 128, 1024, 4096)]
     run = subprocess.run([str(probe), "132", *grid, *(f"{p}:pairs=1" for p in grid), *(f"{p}:pairs=2" for p in grid)],
@@ -137,3 +139,7 @@ def test_the_tile_rule_pairs_tiles_only_in_grids_of_several_waves_of_capped_tile
             assert fits, point
     assert shapes["65536:32:256:pairs=2"]["pairs"] == "0", "32 sequences a warp scan: a pair would not fit it"
     assert shapes["16384:128:2048:pairs=2"]["pairs"] == "0", "two-sequence tiles of large slabs are over the cap"
+    fixed = subprocess.run([str(probe), "132", "600:128:2048:fixed_chunks=1", "600:128:2048:fixed_chunks=1:pairs=2",
+                            "600:128:2048"], capture_output=True, text=True, check=True).stdout.split()
+    assert [f for f in fixed if f.startswith("pairs=")] == ["pairs=0", "pairs=0", "pairs=1"], \
+        "fixed_chunks copies at most a slab per one-sequence tile: never in pairs"

@@ -53,9 +53,9 @@ int main(int argc, char** argv) {
       start = colon + 1;
     }
     const scan::TileShape shape = scan::tile_shape(numbers[0], numbers[1], numbers[2], sms, tiling);
-    printf("%s chunks_per_seq=%d seqs_per_tile=%d chunk_bytes=%lld warp_scan=%d late_loads=%d pairs=%d\n", point.c_str(),
-           shape.chunks_per_seq, shape.seqs_per_tile, static_cast<long long>(shape.chunk_bytes),
-           shape.warp_scan ? 1 : 0, shape.late_loads ? 1 : 0, shape.pairs);
+    printf("%s chunks_per_seq=%d seqs_per_tile=%d chunk_bytes=%lld warp_scan=%d late_loads=%d pairs=%d\n",
+           point.c_str(), shape.chunks_per_seq, shape.seqs_per_tile, static_cast<long long>(shape.chunk_bytes),
+           shape.warp_scan ? 1 : 0, shape.late_loads ? 1 : 0, static_cast<int>(shape.pairing));
   }
   return 0;
 }

@@ -18,7 +18,8 @@ def test_variants_map_to_the_kernels_tile_rule_keywords():
     assert scan_tiles.tiling("p2+t512") == {"pairs": 2, "tile_max_bytes": 512 * 1024}
 
 
-@pytest.mark.parametrize("bad", ["x4", "w", "w0", "t-1", "g1.5", "f2", "f", "l", "l0", "b", "b0", "b2", "p", "p0", "p3"])
+@pytest.mark.parametrize("bad", ["x4", "w", "w0", "t-1", "g1.5", "f2", "f", "l", "l0", "b", "b0", "b2",
+                                 "p", "p0", "p3"])
 def test_unknown_variant_parts_are_refused(bad):
     with pytest.raises(ValueError, match="unknown variant part"):
         scan_tiles.tiling(bad)

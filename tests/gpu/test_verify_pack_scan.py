@@ -163,7 +163,9 @@ TILINGS = [{}, {"tile_waves": 4}, {"tile_waves": 2, "look_back_groups": 256},
            # previous launch's acceptance: test_tiles_pair_after_a_launch_that_accepted_under_half), in both scans,
            # with more groups, and never
            {"pairs": 2}, {"pairs": 2, "scan_mode": 1}, {"pairs": 2, "tile_waves": 4},
-           {"pairs": 2, "tile_min_bytes": 1 << 20, "tile_max_bytes": 1 << 20}, {"pairs": 1}]
+           {"pairs": 2, "tile_min_bytes": 1 << 20, "tile_max_bytes": 1 << 20}, {"pairs": 1},
+           # fixed_chunks copies at most a slab per one-sequence tile, so such shapes never pair (tile_shape)
+           {"pairs": 2, "fixed_chunks": 1}]
 TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5, kv_dim=1024, token_dtype="int32"),
                 VerifyConfig(4096, 8, 0.6, kv_dim=128), VerifyConfig(1024, 8, 0.3, kv_dim=4096),
                 VerifyConfig(65537, 3, 0.7, kv_dim=64, dist="geometric"),
@@ -310,10 +312,21 @@ def test_a_state_made_during_capture_is_the_graphs_own():
 # By default a grid of several waves of tiles at the cap takes its tiles in pairs when the launch before on the same
 # state accepted under half its rows: the last block sets bit 63 of state[0] (kPairBit), and the next launch reads it
 # with its epoch. tile_max_bytes = 32 KiB (the least: the cap is whole copy rounds) makes such a grid small: 16,384
-# slabs of 2 KiB, 16 a tile, 1,024 tiles of 32 KiB, more than one wave on a GPU of fewer than 256 SMs. A paired launch leaves the pair's first group's status word
-# AGGREGATE (only the pair's second is made INCLUSIVE); an unpaired one makes every group's word INCLUSIVE.
+# slabs of 2 KiB, 16 a tile, 1,024 tiles of 32 KiB, more than one wave on a GPU of fewer than 256 SMs. A paired
+# launch leaves the pair's first group's status word AGGREGATE (only the pair's second is made INCLUSIVE); an
+# unpaired one makes every group's word INCLUSIVE.
+# The bit the last block leaves comes from a relaxed read of the last group's INCLUSIVE word, which no fence orders
+# after that word's store: a stale read would keep the bit as it was (speed only, never an output) and fail the
+# exact-bit checks below. None was seen on the H200 (session 45); the count word carrying the flag would make it exact.
 PAIRED_TILES = {"tile_max_bytes": 32 * 1024}
 PAIR_BIT = 1 << 63
+PAIRED_GROUPS = 1024
+
+
+def _skip_unless_the_grid_is_several_waves() -> None:
+    # kBlocksPerSm = 4 resident blocks a SM: 1,024 tiles are more than one wave below 256 SMs
+    if torch.cuda.get_device_properties(0).multi_processor_count * 4 >= PAIRED_GROUPS:
+        pytest.skip("1,024 tiles are one wave or less on this GPU, so the tile rule pairs none by default")
 
 
 def _status_flags(state: torch.Tensor, groups: int) -> set[int]:
@@ -345,8 +358,9 @@ def test_tiles_pair_after_a_launch_that_accepted_under_half(op):
     """Launch after launch on one state, each checked against the reference: the bit follows the launch before
     (nothing accepted, then 30% and 90% of rows), a launch pairs exactly when the bit was set as it started (read from
     the status words it leaves), and `pairs=1` never pairs though it still sets the bit for the next."""
+    _skip_unless_the_grid_is_several_waves()
     state = scan_state("cuda")
-    groups = 1024
+    groups = PAIRED_GROUPS
     fixed = {"dist": "fixed", "alpha": 0.5}
     steps = [(VerifyConfig(16384, 8, kv_dim=128, fixed_length=0, **fixed), {}, False),  # a fresh state: no bit
              (VerifyConfig(16384, 8, 0.3, kv_dim=128, seed=1), {}, True),  # nothing accepted before
@@ -379,6 +393,7 @@ def test_paired_graph_replays_follow_the_replay_before():
     from sdbench.ops.pack.outputs import pack_outputs
     from sdbench.ops.verify.cuda_impls import verify_outputs
 
+    _skip_unless_the_grid_is_several_waves()
     cfg = VerifyConfig(16384, 8, 0.3, kv_dim=128)
     workload = make_workload("verify_pack", cfg, "cuda")
     sources = [make_workload("verify_pack", cfg.replace(seed=9 + i, alpha=alpha), "cuda")
@@ -405,7 +420,7 @@ def test_paired_graph_replays_follow_the_replay_before():
         graph.replay()
         torch.cuda.synchronize()
         assert parity.compare(parity.expected_outputs("verify_pack", source), out) is None
-        assert _status_flags(state, 1024) == ({1, 2} if started_with_bit else {2})
+        assert _status_flags(state, PAIRED_GROUPS) == ({1, 2} if started_with_bit else {2})
         assert started_with_bit == previous_low
         previous_low = source.config.alpha < 0.5
 
