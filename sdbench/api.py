@@ -437,6 +437,10 @@ def verify_pack(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, draft_k
     cu_num_draft_tokens (int64 [B]): the ragged layout (op verify_pack_ragged), as verify's, with draft_kv
     [T, kv_dim] laid out like the drafts; packed_kv is then [T, kv_dim] (the first Σ k_i rows valid).
     "auto" is sdbench's ragged pipeline (RAGGED_PACK_DEFAULT_IMPL); expected_alpha is validated, not used.
+
+    Above b = 16, fused is the single-pass scan kernel. In large grids it takes its tiles in pairs when the previous
+    single-pass launch on the stream accepted under half its rows, which it reads on the GPU (docs/perf-notes.md,
+    "Session 45"). The outputs never depend on it; the first call after acceptance crosses one half is the slower.
     """
     _check_alpha(expected_alpha)
     if cu_num_draft_tokens is not None:
