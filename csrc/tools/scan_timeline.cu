@@ -5,9 +5,9 @@
 // A point is batch:γ:α:kv_dim (fp16 KV, int64 tokens, k ~ Binomial(γ, α), as the scale-kv grid); a variant is
 // `default` or one tile-rule knob (g<groups>, m<KiB>, w<waves>, t<KiB>, l<KiB>, b1, p1, p2: ScanTiling, see
 // scan_tiles.py), timing `fused`'s launch; `pack` or `pack:<knob>` times the same kernel as `pack_scan` launches it
-// (the lengths given, so "verdict" is reading them). Each point runs cold (a 512 MiB reading flush before every launch), with only its code
-// warm (the flush, then a one-sequence launch that brings the kernel's instructions back into L2) and warm, `reps`
-// timed launches each, and prints medians over launches of:
+// (the lengths given, so "verdict" is reading them). Each point runs cold (a 512 MiB reading flush before every
+// launch), with only its code warm (the flush, then a one-sequence launch that brings the kernel's instructions back
+// into L2) and warm, `reps` timed launches each, and prints medians over launches of:
 //   span      first block's entry to the last block's last store issued (global timer, µs)
 //   last*     when the last block started, had its verdict, had its prefix (µs from the first entry)
 //   verdict, pre-look-back, first window, look-back, copy
