@@ -317,7 +317,7 @@ def test_a_state_made_during_capture_is_the_graphs_own():
 # unpaired one makes every group's word INCLUSIVE.
 # The bit the last block leaves comes from a relaxed read of the last group's INCLUSIVE word, which no fence orders
 # after that word's store: a stale read would keep the bit as it was (speed only, never an output) and fail the
-# exact-bit checks below. None was seen on the H200 (session 45); carrying the flag in the count's own atomic would
+# exact-bit checks below. None was seen on the H200 (session 45); polling that word until it is this epoch's would
 # make it exact (docs/perf-notes.md, "Leads left by session 45").
 PAIRED_TILES = {"tile_max_bytes": 32 * 1024}
 PAIR_BIT = 1 << 63
