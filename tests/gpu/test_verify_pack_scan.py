@@ -326,7 +326,7 @@ PAIRED_GROUPS = 1024
 
 def _skip_unless_the_grid_is_several_waves() -> None:
     # kBlocksPerSm = 4 resident blocks a SM: 1,024 tiles are more than one wave below 256 SMs
-    if torch.cuda.get_device_properties(0).multi_processor_count * 4 >= PAIRED_GROUPS:
+    if torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count * 4 >= PAIRED_GROUPS:
         pytest.skip("1,024 tiles are one wave or less on this GPU, so the tile rule pairs none by default")
 
 
