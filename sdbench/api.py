@@ -440,7 +440,8 @@ def verify_pack(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, draft_k
 
     Above b = 16, fused is the single-pass scan kernel. In large grids it takes its tiles in pairs when the previous
     single-pass launch on the stream accepted under half its rows, which it reads on the GPU (docs/perf-notes.md,
-    "Session 45"). The outputs never depend on it; the first call after acceptance crosses one half still groups by the call before it.
+    "Session 45"). The outputs never depend on it; the first call after acceptance crosses one half still groups by
+    the call before it.
     """
     _check_alpha(expected_alpha)
     if cu_num_draft_tokens is not None:

@@ -391,6 +391,7 @@ def test_paired_graph_replays_follow_the_replay_before():
     """A CUDA graph of one fused_scan launch replayed over inputs that alternate low and high acceptance: each replay
     pairs or not by the replay before (the bit moves on the GPU, no host in the loop), and every replay's outputs are
     the reference's."""
+    from sdbench.ops.backends import cuda_ops
     from sdbench.ops.pack.outputs import pack_outputs
     from sdbench.ops.verify.cuda_impls import verify_outputs
 
@@ -403,8 +404,6 @@ def test_paired_graph_replays_follow_the_replay_before():
     out = {**verify_outputs(workload), **pack_outputs(workload, error_flags=False)}
     args = (workload.draft_tokens, workload.target_tokens, workload.draft_kv, out["accepted_lengths"],
             out["has_mismatch"], out["next_tokens"], out["packed_kv"], out["packed_offsets"], state)
-    from sdbench.ops.backends import cuda_ops
-
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
