@@ -463,20 +463,24 @@ struct TileCopy {
 // Counted at the end, after the block read the epoch and looked back: when the count is full, no
 // block of this launch can still read either. Thread 0; the block's stores need not have landed.
 // The last block also sets kPairBit for the next launch when this one accepted under half its rows: the last
-// group's INCLUSIVE word holds them. Its read is relaxed and may find an older epoch's word; the bit then stays
-// as it was. Outputs never depend on the bit (it only groups tiles), and every block of a launch reads the one
-// value, written before the launch's first block reads the epoch.
+// group's INCLUSIVE word holds them, read as the look-back reads a word: polled until it is this epoch's. Outputs
+// never depend on the bit (it only groups tiles), and every block of a launch reads the one value, written before
+// the launch's first block reads the epoch.
 __device__ __forceinline__ void finish_block(unsigned long long* scan_state, unsigned high, const TileShape& shape) {
   if (threadIdx.x == 0) {
     const unsigned long long done = atomicAdd(scan_state, 1ull);
     if ((done & 0xffffffffull) == gridDim.x - 1u) {
       const unsigned epoch = high & kEpochBits;
-      unsigned pair = high & kPairBit;
       const int64_t last_group = gridDim.x / shape.chunks_per_seq - 1;
-      const unsigned long long word = load_relaxed(scan_state + 1 + last_group);
-      if (status_flag(word) == kInclusive && status_epoch(word) == (epoch & kEpochMask)) {
-        pair = 2 * static_cast<int64_t>(status_value(word)) < shape.batch * shape.gamma ? kPairBit : 0u;
+      // Every launch publishes its last group's INCLUSIVE word before the block that publishes it (block 2j in a
+      // paired launch) counts itself, so this polls until it is this epoch's, as the look-back polls a group's word.
+      const unsigned long long* last_word = scan_state + 1 + last_group;
+      unsigned long long word = load_relaxed(last_word);
+      while (status_flag(word) != kInclusive || status_epoch(word) != (epoch & kEpochMask)) {
+        __nanosleep(32);
+        word = load_relaxed(last_word);
       }
+      const unsigned pair = 2 * static_cast<int64_t>(status_value(word)) < shape.batch * shape.gamma ? kPairBit : 0u;
       atomicExch(scan_state, static_cast<unsigned long long>(((epoch + 1u) & kEpochBits) | pair) << 32);
     }
   }

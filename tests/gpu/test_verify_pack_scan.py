@@ -315,10 +315,8 @@ def test_a_state_made_during_capture_is_the_graphs_own():
 # slabs of 2 KiB, 16 a tile, 1,024 tiles of 32 KiB, more than one wave on a GPU of fewer than 256 SMs. A paired
 # launch leaves the pair's first group's status word AGGREGATE (only the pair's second is made INCLUSIVE); an
 # unpaired one makes every group's word INCLUSIVE.
-# The bit the last block leaves comes from a relaxed read of the last group's INCLUSIVE word, which no fence orders
-# after that word's store: a stale read would keep the bit as it was (speed only, never an output) and fail the
-# exact-bit checks below. None was seen on the H200 (session 45); polling that word until it is this epoch's would
-# make it exact (docs/perf-notes.md, "Leads left by session 45").
+# The last block polls the last group's INCLUSIVE word until it carries this launch's epoch (finish_block), so the
+# bit it leaves is exact, and the checks below assert it exactly.
 PAIRED_TILES = {"tile_max_bytes": 32 * 1024}
 PAIR_BIT = 1 << 63
 PAIRED_GROUPS = 1024
