@@ -88,7 +88,8 @@ constexpr int kUnroll = 8;
 constexpr int64_t kTileBytes = int64_t{kThreads} * kUnroll * 16;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// Tiles of at most this many sequences (one a lane) scan their lengths in every warp (TileShape::warp_scan).
+// Tiles of at most this many sequences (one a lane) scan their lengths in every warp (TileShape::warp_scan); a pair of
+// such tiles, up to twice as many, scans a second lane's worth after the first.
 constexpr int kWarpScanSeqs = 32;
 constexpr unsigned kAggregate = 1, kInclusive = 2;
 constexpr unsigned kEpochMask = (1u << 30) - 1;
@@ -519,7 +520,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   __shared__ int s_row_end[kScanMaxTileSeqs];
   __shared__ __align__(8) int s_shift[kShiftRows];  // or kScanMaxTileSeqs int64 unit ends (SearchUnitEnds)
   __shared__ int s_warp_totals[kWarps];
-  __shared__ int s_ends[kWarpScanSeqs];  // warp_scan: the inclusive row ends, from warp 0
+  __shared__ int s_ends[2 * kWarpScanSeqs];  // warp_scan: the inclusive row ends, from warp 0 (a pair's too)
   __shared__ unsigned s_epoch;
   __shared__ LookBackScratch s_look_back;
 
@@ -577,8 +578,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       if (lane >= delta) row_end += up;
     }
     tile_rows = __shfl_sync(kFullMask, row_end, 31);
-    first_rows = __shfl_sync(kFullMask, row_end, first_count - 1);
+    first_rows = __shfl_sync(kFullMask, row_end, first_count - 1);  // first_count <= kWarpScanSeqs
     if (threadIdx.x < 32) s_ends[lane] = row_end;
+    if (count > kWarpScanSeqs) {  // a pair of tiles of 17-32 sequences: sequences 32 on, after the first 32's total
+      int second_end = lane + kWarpScanSeqs < count ? s_row_end[lane + kWarpScanSeqs] : 0;
+#pragma unroll
+      for (int delta = 1; delta < 32; delta <<= 1) {
+        const int up = __shfl_up_sync(kFullMask, second_end, delta);
+        if (lane >= delta) second_end += up;
+      }
+      second_end += tile_rows;
+      tile_rows = __shfl_sync(kFullMask, second_end, 31);
+      if (threadIdx.x < 32) s_ends[lane + kWarpScanSeqs] = second_end;
+    }
   } else {
     block_inclusive_scan(s_row_end, count, s_warp_totals);
     tile_rows = s_row_end[count - 1];
@@ -754,10 +766,11 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   // Tiles in pairs where the launch before accepted under half its rows (docs/perf-notes.md, "Session 45"): in a grid
   // of more than `waves` waves of tiles at the cap, a block's fixed chain (tokens, verdict, look-back) is paid for
   // ~2.4 copy rounds at α = 0.3; tiles of twice the cap were 1-6% faster there and up to 3.3% slower at α = 0.9
-  // (scale-kv/experiments/tile-size-at-low-acceptance/). A pair must still fit its scan (32 sequences a warp scan)
-  // and be two tiles of at most the cap each (not the two-sequence tiles of large slabs above).
+  // (scale-kv/experiments/tile-size-at-low-acceptance/). A pair must still fit its scan (a warp scan takes a pair of
+  // up to 32 sequences a tile in two rounds) and be two tiles of at most the cap each (not the two-sequence tiles of
+  // large slabs above).
   // Not with fixed_chunks: a one-sequence tile copies at most one slab there (chunk_of_accepted), not a pair's two.
-  const bool pairable = 2 * seqs <= (shape.warp_scan ? kWarpScanSeqs : kScanMaxTileSeqs) &&
+  const bool pairable = 2 * seqs <= (shape.warp_scan ? 2 * kWarpScanSeqs : kScanMaxTileSeqs) &&
                         seqs * shape.slab_bytes <= tiling.max_tile_bytes && !shape.fixed_chunks;
   if (pairable && tiling.pairs == 2) shape.pairing = kAlways;
   if (pairable && tiling.pairs == 0 && total_bytes > target_blocks * tiling.max_tile_bytes) shape.pairing = kByBit;
