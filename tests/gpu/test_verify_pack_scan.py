@@ -234,10 +234,15 @@ def test_every_tile_rule_gives_the_reference(cfg):
     # tiles of 32 in pairs: 64 lengths in two rounds of the warp scan (the last tile alone), past the table too
     (VerifyConfig(65, 8, 0.5, kv_dim=64), {"tile_min_bytes": 32 * 1024, "pairs": 2}),
     (VerifyConfig(64, 100, 0.5, kv_dim=1, dist="fixed", fixed_length=100), {"tile_min_bytes": 6400, "pairs": 2}),
-    (VerifyConfig(96, 100, 0.9, kv_dim=1, dist="geometric"), {"tile_min_bytes": 6400, "pairs": 2})],
+    (VerifyConfig(96, 100, 0.9, kv_dim=1, dist="geometric"), {"tile_min_bytes": 6400, "pairs": 2}),
+    # pairs of 20-sequence tiles (the first round spans both tiles: the first tile's rows are not its total) and of
+    # 24-sequence tiles whose last pair is 24 + 10 sequences (a second round of two lanes)
+    (VerifyConfig(5000, 8, 0.5, kv_dim=64), {"tile_min_bytes": 20 * 1024, "pairs": 2}),
+    (VerifyConfig(4978, 8, 0.5, kv_dim=64, dist="geometric"), {"tile_min_bytes": 24 * 1024, "pairs": 2})],
     ids=["32-a-tile-last-of-one", "33-a-tile-block-scan", "rows-past-the-table", "rows-past-the-table-block-scan",
          "geometric-32-a-tile", "18-a-tile-2-byte-units", "2-a-tile-gamma-130", "32-a-tile-in-pairs",
-         "rows-past-the-table-in-pairs", "geometric-32-a-tile-in-pairs"])
+         "rows-past-the-table-in-pairs", "geometric-32-a-tile-in-pairs", "20-a-tile-in-pairs",
+         "24-a-tile-in-pairs-last-of-10"])
 def test_warp_scanned_tiles_find_every_source(cfg, tiling):
     from sdbench.ops.backends import cuda_ops
     from sdbench.ops.pack.outputs import pack_outputs
