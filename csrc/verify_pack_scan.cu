@@ -11,8 +11,7 @@
 //   1. reads the launch's epoch (the high word of state[0]) while its tokens load;
 //   2. finds its sequences' accepted lengths (fused: warp ballots, ceil-pow2(γ) lanes per sequence for
 //      γ <= 32, one warp per sequence above; pack: loads them, clamped to [0, γ]) and scans them: in every
-//      warp's registers for tiles of at most 32 sequences (one a lane; a pair of such tiles in a second round),
-//      in shared memory for larger tiles;
+//      warp's registers for tiles of at most 32 sequences (one a lane), in shared memory for larger tiles;
 //      chunk 0 of a group publishes the group's sum (flag AGGREGATE, or INCLUSIVE for
 //      group 0) in its status word, which carries the epoch, so words of earlier launches read as
 //      "not yet";
@@ -35,8 +34,8 @@
 // only: the first group's word stays AGGREGATE.
 // Status words are one 64-bit value each (epoch:30 | flag:2 | value:32), read and written with
 // relaxed 64-bit accesses, so no fence orders them against other data.
-// Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints), 8 KiB of the copy's shift table (kShiftRows ints) + up
-// to 360 bytes; registers: see tests/test_csrc_compile.py.
+// Shared memory: 4 KiB of lengths (kScanMaxTileSeqs ints), 8 KiB of the copy's shift table (kShiftRows ints) + ~230
+// bytes; registers: see tests/test_csrc_compile.py.
 //
 // The state (scan_state_elems() = 1 + kScanMaxGroups int64) is zeroed once by its owner and then reused by every launch in
 // stream order; two launches that may overlap (different streams, parallel graph branches) need two
@@ -89,8 +88,7 @@ constexpr int kUnroll = 8;
 constexpr int64_t kTileBytes = int64_t{kThreads} * kUnroll * 16;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// Tiles of at most this many sequences (one a lane) scan their lengths in every warp (TileShape::warp_scan); a pair of
-// such tiles, up to twice as many, scans a second lane's worth after the first.
+// Tiles of at most this many sequences (one a lane) scan their lengths in every warp (TileShape::warp_scan).
 constexpr int kWarpScanSeqs = 32;
 constexpr unsigned kAggregate = 1, kInclusive = 2;
 constexpr unsigned kEpochMask = (1u << 30) - 1;
@@ -521,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   __shared__ int s_row_end[kScanMaxTileSeqs];
   __shared__ __align__(8) int s_shift[kShiftRows];  // or kScanMaxTileSeqs int64 unit ends (SearchUnitEnds)
   __shared__ int s_warp_totals[kWarps];
-  __shared__ int s_ends[2 * kWarpScanSeqs];  // warp_scan: the inclusive row ends, from warp 0 (a pair's too)
+  __shared__ int s_ends[kWarpScanSeqs];  // warp_scan: the inclusive row ends, from warp 0
   __shared__ unsigned s_epoch;
   __shared__ LookBackScratch s_look_back;
 
@@ -567,8 +565,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int last_group = group + (paired ? 1 : 0);  // published INCLUSIVE after the look-back
   // Tiles of at most 32 sequences: every warp scans the lengths in registers (lane i: sequence i), so the
   // publish waits for no further barrier, and a one-sequence tile's loads neither (docs/perf-notes.md, "Session
-  // 33"); a pair of such tiles scans sequences 32 on in a second round (session 46). s_row_end keeps the lengths
-  // there; warp 0 writes the row ends to s_ends, read after a barrier by tiles of two or more sequences only.
+  // 33"). s_row_end keeps the lengths there; warp 0 writes the row ends to s_ends, read after a barrier by tiles
+  // of two or more sequences only.
   int tile_rows, first_rows;      // the tile's accepted rows, and those of its first group (a pair's two differ)
   if constexpr (kWarpScan) {
     const int lane = threadIdx.x % 32;
@@ -579,19 +577,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       if (lane >= delta) row_end += up;
     }
     tile_rows = __shfl_sync(kFullMask, row_end, 31);
-    first_rows = __shfl_sync(kFullMask, row_end, first_count - 1);  // first_count <= kWarpScanSeqs
+    first_rows = __shfl_sync(kFullMask, row_end, first_count - 1);
     if (threadIdx.x < 32) s_ends[lane] = row_end;
-    if (count > kWarpScanSeqs) {  // a pair of tiles of 17-32 sequences: sequences 32 on, after the first 32's total
-      int second_end = lane + kWarpScanSeqs < count ? s_row_end[lane + kWarpScanSeqs] : 0;
-#pragma unroll
-      for (int delta = 1; delta < 32; delta <<= 1) {
-        const int up = __shfl_up_sync(kFullMask, second_end, delta);
-        if (lane >= delta) second_end += up;
-      }
-      second_end += tile_rows;
-      tile_rows = __shfl_sync(kFullMask, second_end, 31);
-      if (threadIdx.x < 32) s_ends[lane + kWarpScanSeqs] = second_end;
-    }
   } else {
     block_inclusive_scan(s_row_end, count, s_warp_totals);
     tile_rows = s_row_end[count - 1];
@@ -767,11 +754,10 @@ TileShape tile_shape(int64_t batch, int64_t gamma, int64_t row_bytes, int sms, S
   // Tiles in pairs where the launch before accepted under half its rows (docs/perf-notes.md, "Session 45"): in a grid
   // of more than `waves` waves of tiles at the cap, a block's fixed chain (tokens, verdict, look-back) is paid for
   // ~2.4 copy rounds at α = 0.3; tiles of twice the cap were 1-6% faster there and up to 3.3% slower at α = 0.9
-  // (scale-kv/experiments/tile-size-at-low-acceptance/). A pair must still fit its scan (a warp scan takes a pair of
-  // up to 32 sequences a tile in two rounds, so every warp-scan shape fits; a shared-memory scan up to 1,024
-  // sequences) and be two tiles of at most the cap each (not the two-sequence tiles of large slabs above).
+  // (scale-kv/experiments/tile-size-at-low-acceptance/). A pair must still fit its scan (32 sequences a warp scan)
+  // and be two tiles of at most the cap each (not the two-sequence tiles of large slabs above).
   // Not with fixed_chunks: a one-sequence tile copies at most one slab there (chunk_of_accepted), not a pair's two.
-  const bool pairable = 2 * seqs <= (shape.warp_scan ? 2 * kWarpScanSeqs : kScanMaxTileSeqs) &&
+  const bool pairable = 2 * seqs <= (shape.warp_scan ? kWarpScanSeqs : kScanMaxTileSeqs) &&
                         seqs * shape.slab_bytes <= tiling.max_tile_bytes && !shape.fixed_chunks;
   if (pairable && tiling.pairs == 2) shape.pairing = kAlways;
   if (pairable && tiling.pairs == 0 && total_bytes > target_blocks * tiling.max_tile_bytes) shape.pairing = kByBit;

@@ -57,18 +57,15 @@ def test_the_scan_timeline_tool_compiles():
     units) spills 12 bytes (20 loaded back) and pack_scan's (then built, never timed) 24; the extension's build spills
     none (the test above). No arrangement of the marks tried removed it without changing the shipped kernel, so
     the bound is the largest spill of a timed kernel today, and any growth fails: since session 45's tiles in pairs,
-    fused's 16-byte kernel that scans in shared memory spills 16 bytes (40 loaded back, 8 of stack). Since session
-    46's second warp-scan round for pairs of 32-sequence tiles, its 16-byte warp-scan kernel (the one the scale-kv
-    timelines time) spills 48 bytes (104 loaded back, 24 of stack; none before), and pack_scan's too (4 before); its
-    shared-memory kernel 28. A caveat on timeline phases of warp-scan tiles taken since: the extension's build spills
-    none. One loop of 64-bit shuffles over both halves takes the timeline's spill back to session 45's
-    (scale-kv/experiments/tiles-in-pairs/one-loop.patch, not yet run on a GPU)."""
+    fused's 16-byte kernel that scans in shared memory spills 16 bytes (40 loaded back, 8 of stack), its warp-scan
+    kernel (the one the scale-kv timelines time) none. pack_scan's, which session 45's timeline timed, spill 4 bytes
+    (warp scan) and 28 (shared memory): a caveat on comparing the two kernels' timeline phases."""
     [result] = ext.compile_sources("sm_90", paths=[ext.CSRC_DIR / "tools" / "scan_timeline.cu"])
     assert result.returncode == 0, ext.trim_build_error(result.output)
     kernels = ext.parse_ptxas(result.output, result.source)
     timed = [k for k in kernels if "scan_pack_kernel" in k["kernel"] and "VerifiedLengths" in k["kernel"]]
     assert timed, [k["kernel"] for k in kernels]
-    assert not [k for k in timed if k["spill_store_bytes"] > 48 or k["spill_load_bytes"] > 104 or k["stack_bytes"] > 24]
+    assert not [k for k in timed if k["spill_store_bytes"] > 16 or k["spill_load_bytes"] > 40 or k["stack_bytes"] > 8]
 
 
 def test_the_tile_rule_loads_late_only_at_one_wave_chunks_of_64_kib(probe):
@@ -116,10 +113,10 @@ def test_the_tile_rule_scans_in_warps_up_to_32_sequences_a_tile(probe):
 def test_the_tile_rule_pairs_tiles_only_in_grids_of_several_waves_of_capped_tiles(probe):
     """tile_shape's pairs (csrc/verify_pack_scan.cu, docs/perf-notes.md "Session 45"): by default a launch may take its
     tiles in pairs (when the launch before accepted under half its rows) only where the tiles are whole sequences at
-    the 256 KiB cap in more than one wave of resident blocks (132 SMs x 4), and a pair still fits its scan (a warp scan
-    takes a pair of up to 32 sequences a tile in two rounds, session 46), and two tiles of at most the cap each. On the
-    scale-kv grid (fp16 KV) that is exactly the seventeen shapes below. `pairs=2` pairs wherever a pair fits,
-    whatever the grid; `pairs=1` never; nor does a shape with fixed_chunks."""
+    the 256 KiB cap in more than one wave of resident blocks (132 SMs x 4), and a pair still fits its scan: 32
+    sequences a warp scan, and two tiles of at most the cap each. On the scale-kv grid (fp16 KV) that is exactly the
+    fifteen shapes below. `pairs=2` pairs wherever a pair fits, whatever the grid; `pairs=1` never; nor does a shape
+    with fixed_chunks."""
     grid = [f"{b}:{g}:{2 * kv}" for b in (1, 8, 32, 256, 1024, 4096, 16384, 65536) for g in (4, 8, 32, 128)
             for kv in (64, 128, 1024, 4096)]
     run = subprocess.run([str(probe), "132", *grid, *(f"{p}:pairs=1" for p in grid), *(f"{p}:pairs=2" for p in grid)],
@@ -127,22 +124,21 @@ def test_the_tile_rule_pairs_tiles_only_in_grids_of_several_waves_of_capped_tile
     shapes = {line.split()[0]: dict(field.split("=") for field in line.split()[1:]) for line in run.stdout.splitlines()}
     assert sorted(p for p in grid if shapes[p]["pairs"] != "0") == sorted([
         "4096:8:8192", "4096:32:2048", "16384:4:8192", "16384:8:2048", "16384:8:8192", "16384:32:2048",
-        "16384:128:128", "16384:128:256", "65536:4:2048", "65536:4:8192", "65536:8:2048", "65536:8:8192",
-        "65536:32:128", "65536:32:256", "65536:32:2048", "65536:128:128", "65536:128:256"])
+        "16384:128:128", "16384:128:256", "65536:4:8192", "65536:8:2048", "65536:8:8192", "65536:32:128",
+        "65536:32:2048", "65536:128:128", "65536:128:256"])
     assert {shapes[p]["pairs"] for p in grid} == {"0", "1"}, "by default: by the previous launch's acceptance"
     assert {shapes[f"{p}:pairs=1"]["pairs"] for p in grid} == {"0"}
     for point in grid:
         shape = shapes[f"{point}:pairs=2"]
         seqs, slab = int(shape["seqs_per_tile"]), int(point.split(":")[1]) * int(point.split(":")[2])
-        fits = (shape["chunks_per_seq"] == "1" and 2 * seqs <= (64 if shape["warp_scan"] == "1" else 1024)
+        fits = (shape["chunks_per_seq"] == "1" and 2 * seqs <= (32 if shape["warp_scan"] == "1" else 1024)
                 and seqs * slab <= 256 * 1024)
         assert shape["pairs"] == ("2" if fits else "0"), (point, shape)
         assert {k: v for k, v in shape.items() if k != "pairs"} == {
             k: v for k, v in shapes[point].items() if k != "pairs"}, "the knob changes the pairing, not the tile"
         if shapes[point]["pairs"] == "1":
             assert fits, point
-    assert shapes["65536:32:256"]["seqs_per_tile"] == "32" and shapes["65536:32:256"]["warp_scan"] == "1"
-    assert shapes["65536:32:256"]["pairs"] == "1", "a pair of 32-sequence tiles scans in two warp rounds"
+    assert shapes["65536:32:256:pairs=2"]["pairs"] == "0", "32 sequences a warp scan: a pair would not fit it"
     assert shapes["16384:128:2048:pairs=2"]["pairs"] == "0", "two-sequence tiles of large slabs are over the cap"
     fixed = subprocess.run([str(probe), "132", "600:128:2048:fixed_chunks=1", "600:128:2048:fixed_chunks=1:pairs=2",
                             "600:128:2048"], capture_output=True, text=True, check=True).stdout.split()

@@ -182,8 +182,7 @@ TILING_CASES = [VerifyConfig(1, 128, 0.9, kv_dim=4096), VerifyConfig(33, 31, 0.5
                 VerifyConfig(1024, 8, 0.5, kv_dim=64, dist="fixed", fixed_length=8),
                 # the warp scan's edges on a GPU of 132 SMs (H100, H200; tile_shape_probe): tiles of 32 sequences, the
                 # last of one; tiles of 33, scanned in shared memory (test_warp_scanned_tiles_find_every_source pins
-                # both with tile_min_bytes, on any GPU); 32-sequence tiles accepting every row and none; two sequences
-                # of γ > 32 a tile. With pairs=2 the 32-sequence tiles pair: 64 lengths, two rounds of the warp scan
+                # both with tile_min_bytes, on any GPU); 32-sequence tiles accepting every row and none; two sequences of γ > 32 a tile
                 VerifyConfig(16385, 4, 0.5, kv_dim=128), VerifyConfig(17000, 4, 0.5, kv_dim=64),
                 VerifyConfig(16896, 4, 0.5, kv_dim=64, dist="fixed", fixed_length=4),
                 VerifyConfig(16896, 4, 0.5, kv_dim=64, dist="fixed", fixed_length=0),
@@ -222,7 +221,6 @@ def test_every_tile_rule_gives_the_reference(cfg):
 # search of 2-4 row ends, the shift table, or (past kShiftRows = 2048 accepted rows) the search over unit ends. The
 # last needs 32 sequences of 100 rows each, all accepted (3,200 rows), in tiles of 6,400 bytes of 2-byte rows.
 # tile_min_bytes fixes the tiles whatever the GPU's SM count: 32 slabs of 1 KiB a tile (the last tile of one), 33.
-# With pairs=2, tiles of 32 go in pairs of 64 sequences (two rounds of the warp scan; 6,400 rows past the table).
 @pytest.mark.parametrize("cfg, tiling", [
     (VerifyConfig(65, 8, 0.5, kv_dim=64), {"tile_min_bytes": 32 * 1024}),
     (VerifyConfig(66, 8, 0.5, kv_dim=64, dist="geometric"), {"tile_min_bytes": 33 * 1024}),
@@ -230,19 +228,9 @@ def test_every_tile_rule_gives_the_reference(cfg):
     (VerifyConfig(64, 100, 0.5, kv_dim=1, dist="fixed", fixed_length=100, token_dtype="int32"),
      {"tile_min_bytes": 6400, "scan_mode": 1}),
     (VerifyConfig(96, 100, 0.9, kv_dim=1, dist="geometric"), {"tile_min_bytes": 6400}),
-    (VerifyConfig(700, 33, 0.6, kv_dim=7), {}), (VerifyConfig(1000, 130, 0.5, kv_dim=64), {}),
-    # tiles of 32 in pairs: 64 lengths in two rounds of the warp scan (the last tile alone), past the table too
-    (VerifyConfig(65, 8, 0.5, kv_dim=64), {"tile_min_bytes": 32 * 1024, "pairs": 2}),
-    (VerifyConfig(64, 100, 0.5, kv_dim=1, dist="fixed", fixed_length=100), {"tile_min_bytes": 6400, "pairs": 2}),
-    (VerifyConfig(96, 100, 0.9, kv_dim=1, dist="geometric"), {"tile_min_bytes": 6400, "pairs": 2}),
-    # pairs of 20-sequence tiles (the first round spans both tiles: the first tile's rows are not its total) and of
-    # 24-sequence tiles whose last pair is 24 + 10 sequences (a second round of two lanes)
-    (VerifyConfig(5000, 8, 0.5, kv_dim=64), {"tile_min_bytes": 20 * 1024, "pairs": 2}),
-    (VerifyConfig(4978, 8, 0.5, kv_dim=64, dist="geometric"), {"tile_min_bytes": 24 * 1024, "pairs": 2})],
-    ids=["32-a-tile-last-of-one", "33-a-tile-block-scan", "rows-past-the-table", "rows-past-the-table-block-scan",
-         "geometric-32-a-tile", "18-a-tile-2-byte-units", "2-a-tile-gamma-130", "32-a-tile-in-pairs",
-         "rows-past-the-table-in-pairs", "geometric-32-a-tile-in-pairs", "20-a-tile-in-pairs",
-         "24-a-tile-in-pairs-last-of-10"])
+    (VerifyConfig(700, 33, 0.6, kv_dim=7), {}), (VerifyConfig(1000, 130, 0.5, kv_dim=64), {})],
+    ids=["32-a-tile-last-of-one", "33-a-tile-block-scan", "rows-past-the-table", "rows-past-the-table-block-scan", "geometric-32-a-tile", "18-a-tile-2-byte-units",
+         "2-a-tile-gamma-130"])
 def test_warp_scanned_tiles_find_every_source(cfg, tiling):
     from sdbench.ops.backends import cuda_ops
     from sdbench.ops.pack.outputs import pack_outputs
@@ -527,14 +515,12 @@ for op, name, cfg in cases:
     failure = parity.check(registry.get(op, name), make_workload(op, cfg, "cuda"))
     print(op, name, "ok" if failure is None else failure, flush=True)
     failed += failure is not None
-# tiles in pairs (pairs=2): a pair's first block verifies and copies both tiles, the second block leaves; the last
-# case pairs tiles of 32 sequences, whose 64 lengths the warp scan takes in two rounds
+# tiles in pairs (pairs=2): a pair's first block verifies and copies both tiles, the second block leaves
 from sdbench.ops.backends import cuda_ops
 from sdbench.ops.pack.outputs import pack_outputs
 from sdbench.ops.pack.scan_impls import scan_state
 from sdbench.ops.verify.cuda_impls import verify_outputs
-for cfg in (VerifyConfig(1000, 8, 0.3, kv_dim=64), VerifyConfig(333, 33, 0.3, kv_dim=16),
-            VerifyConfig(16385, 4, 0.3, kv_dim=128)):
+for cfg in (VerifyConfig(1000, 8, 0.3, kv_dim=64), VerifyConfig(333, 33, 0.3, kv_dim=16)):
     w = make_workload("verify_pack", cfg, "cuda")
     out = {**verify_outputs(w), **pack_outputs(w, error_flags=False)}
     parity.poison(out)
